@@ -1,0 +1,38 @@
+# Veracity developer loop. `make help` lists the targets.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+export VERACITY_APP ?= veracity.examples.shop:app
+
+.PHONY: help install run test lint bench clean
+
+help: ## Show the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is needed" if sys.version_info < (3, 11) else 0)'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install Veracity with its development tools
+
+run: $(STAMP) ## Run the server on ./veracity.db with the example app (VERACITY_* apply)
+	$(BIN)/veracity migrate
+	$(BIN)/veracity server
+
+lint: $(STAMP) ## ruff and mypy --strict
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+test: lint ## Lint, then the whole test suite (needs PostgreSQL; see README)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP) ## Benchmarks (not part of the tests); see bench/README.md
+	$(BIN)/python -m bench
+
+clean: ## Remove the virtualenv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

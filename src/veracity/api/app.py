@@ -1,0 +1,162 @@
+"""Building the FastAPI application around an :class:`ExecutionService`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from veracity.api.errors import error_response, install_error_handlers
+from veracity.api.limits import BodySizeLimit
+from veracity.api.schemas import (
+    ErrorOut,
+    ExecutionOut,
+    ExecutionPage,
+    Health,
+    HistoryItem,
+    HistoryPage,
+    SubmitRequest,
+)
+from veracity.core.states import Status
+from veracity.errors import InvalidInput
+from veracity.models import ExecutionFilter
+from veracity.service import ExecutionService
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut} for status in (400, 404, 409, 413, 422)
+}
+
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+
+def _service(request: Request) -> ExecutionService:
+    service: ExecutionService = request.app.state.service
+    return service
+
+
+Service = Annotated[ExecutionService, Depends(_service)]
+
+
+def _statuses(values: list[str] | None) -> tuple[Status, ...]:
+    out: list[Status] = []
+    for value in values or []:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                out.append(Status(part))
+            except ValueError:
+                names = ", ".join(s.value for s in Status)
+                raise InvalidInput(
+                    f"unknown status {part!r} (one of {names})", code="invalid_status"
+                ) from None
+    return tuple(out)
+
+
+def create_api(
+    service: ExecutionService | None = None,
+    *,
+    max_payload_bytes: int = 1_048_576,
+    lifespan: Lifespan | None = None,
+) -> FastAPI:
+    """The API. Pass a ready ``service``, or a ``lifespan`` that puts one on
+    ``app.state.service`` at start (the server does that, to open the store there)."""
+
+    @asynccontextmanager
+    async def no_lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+
+    app = FastAPI(
+        title="Veracity",
+        version="0.1.0",
+        description="Durable workflow executions that never lie about their state.",
+        lifespan=lifespan or no_lifespan,
+    )
+    if service is not None:
+        app.state.service = service
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=max_payload_bytes)
+
+    @app.get("/healthz", response_model=Health, responses={503: {"model": ErrorOut}})
+    async def healthz(service: Service) -> Health | JSONResponse:
+        try:
+            await service.store.ping()
+        except Exception as exc:
+            return error_response(503, "database_unavailable", f"database check failed: {exc}")
+        return Health(status="ok", database="ok", backend=service.store.backend)
+
+    @app.post(
+        "/v1/executions",
+        status_code=201,
+        response_model=ExecutionOut,
+        responses={200: {"model": ExecutionOut, "description": "Idempotent repeat"}, **ERRORS},
+    )
+    async def submit(body: SubmitRequest, service: Service, response: Response) -> ExecutionOut:
+        execution, created = await service.submit(
+            body.ffqn,
+            body.params,
+            idempotency_key=body.idempotency_key,
+            scheduled_at=body.scheduled_at,
+        )
+        if not created:
+            response.status_code = 200
+        return ExecutionOut.of(execution)
+
+    @app.get("/v1/executions", response_model=ExecutionPage, responses=ERRORS)
+    async def list_executions(
+        service: Service,
+        status: Annotated[list[str] | None, Query(description="Repeat or comma-separate")] = None,
+        ffqn_prefix: Annotated[str | None, Query(max_length=512)] = None,
+        deployment_id: Annotated[str | None, Query(max_length=128)] = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        cursor: Annotated[str | None, Query(max_length=512)] = None,
+    ) -> ExecutionPage:
+        page = await service.page(
+            ExecutionFilter(
+                statuses=_statuses(status),
+                ffqn_prefix=ffqn_prefix,
+                deployment_id=deployment_id,
+                created_after=created_after,
+                created_before=created_before,
+            ),
+            limit=limit,
+            cursor=cursor,
+        )
+        return ExecutionPage(
+            items=[ExecutionOut.of(e) for e in page.items], next_cursor=page.next_cursor
+        )
+
+    @app.get("/v1/executions/{execution_id}", response_model=ExecutionOut, responses=ERRORS)
+    async def get_execution(execution_id: str, service: Service) -> ExecutionOut:
+        return ExecutionOut.of(await service.get(execution_id))
+
+    @app.get(
+        "/v1/executions/{execution_id}/history", response_model=HistoryPage, responses=ERRORS
+    )
+    async def history(
+        execution_id: str,
+        service: Service,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        cursor: Annotated[str | None, Query(max_length=32)] = None,
+    ) -> HistoryPage:
+        after_seq = 0
+        if cursor is not None:
+            if not cursor.isdigit():
+                raise InvalidInput("cursor must be a next_cursor value from this endpoint",
+                                   code="invalid_cursor")
+            after_seq = int(cursor)
+        events = await service.history(execution_id, after_seq=after_seq, limit=limit + 1)
+        page = events[:limit]
+        return HistoryPage(
+            items=[HistoryItem.of(e) for e in page],
+            next_cursor=str(page[-1].seq) if len(events) > limit else None,
+        )
+
+    return app

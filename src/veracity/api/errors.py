@@ -1,0 +1,67 @@
+"""Every error the API answers is ``{"error": {"code", "message"}}`` with a 4xx status:
+never a stack trace, and a 500 only for a bug (logged with its trace)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from veracity.errors import VeracityError
+
+log = logging.getLogger("veracity.api")
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    body.update(extra)
+    return JSONResponse({"error": body}, status_code=status)
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",))
+    msg = str(err.get("msg", "invalid"))
+    return f"{loc}: {msg}" if loc else msg
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(VeracityError)
+    async def veracity_error(_: Request, exc: VeracityError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return error_response(400, "malformed_json", "the request body is not valid JSON")
+        details = [
+            {"field": ".".join(str(p) for p in e.get("loc", ())), "message": str(e.get("msg"))}
+            for e in errors
+        ]
+        message = "; ".join(_describe(e) for e in errors[:3])
+        return error_response(422, "invalid_input", message, details=details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal", "internal error; see the server log")

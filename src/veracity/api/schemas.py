@@ -1,0 +1,105 @@
+"""Request and response bodies of the HTTP API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from veracity.core.states import Status
+from veracity.models import Execution, HistoryEvent
+
+
+class SubmitRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ffqn: str = Field(description="Workflow name: namespace:package/interface.function")
+    params: list[Any] = Field(default_factory=list, description="Positional parameters")
+    idempotency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Submitting again with the same key returns the same execution",
+    )
+    scheduled_at: AwareDatetime | None = Field(
+        default=None, description="Not claimable before this time (default: now)"
+    )
+
+
+class ExecutionOut(BaseModel):
+    id: str
+    ffqn: str
+    params: list[Any]
+    status: Status
+    result: Any
+    error: Any
+    attempt: int
+    deployment_id: str
+    parent_id: str | None
+    idempotency_key: str | None
+    scheduled_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    lease_owner: str | None
+    lease_epoch: int
+    lease_expires_at: datetime | None
+
+    @classmethod
+    def of(cls, e: Execution) -> ExecutionOut:
+        return cls(
+            id=str(e.id),
+            ffqn=e.ffqn,
+            params=e.params,
+            status=e.status,
+            result=e.result,
+            error=e.error,
+            attempt=e.attempt,
+            deployment_id=e.deployment_id,
+            parent_id=str(e.parent_id) if e.parent_id else None,
+            idempotency_key=e.idempotency_key,
+            scheduled_at=e.scheduled_at,
+            created_at=e.created_at,
+            updated_at=e.updated_at,
+            lease_owner=e.lease_owner,
+            lease_epoch=e.lease_epoch,
+            lease_expires_at=e.lease_expires_at,
+        )
+
+
+class ExecutionPage(BaseModel):
+    items: list[ExecutionOut]
+    next_cursor: str | None
+
+
+class HistoryItem(BaseModel):
+    seq: int
+    kind: str
+    at: datetime
+    data: Any
+
+    @classmethod
+    def of(cls, ev: HistoryEvent) -> HistoryItem:
+        return cls(seq=ev.seq, kind=ev.kind, at=ev.at, data=ev.data)
+
+
+class HistoryPage(BaseModel):
+    items: list[HistoryItem]
+    next_cursor: str | None = Field(
+        default=None, description="Pass as cursor to get the events after this page"
+    )
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
+
+
+class Health(BaseModel):
+    status: str
+    database: str
+    backend: str

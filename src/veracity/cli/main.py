@@ -1,0 +1,309 @@
+"""Commands: server, migrate, submit, get, list, history.
+
+Exit codes: 0 success, 1 an error (bad input, not found, database unreachable),
+2 a usage error (click's own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+import psycopg
+import psycopg_pool
+
+from veracity.api.schemas import ExecutionOut, HistoryItem
+from veracity.cli.output import fmt_time, print_fields, print_json, print_table, short
+from veracity.config import Settings, load_settings
+from veracity.core.states import Status
+from veracity.errors import ConfigError, VeracityError
+from veracity.models import Execution, ExecutionFilter, HistoryEvent
+from veracity.runtime import Runtime, open_runtime, redact_url
+from veracity.store import open_store
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Failure(click.ClickException):
+    """An error: printed as ``error: message``, exit code 1."""
+
+    exit_code = 1
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine, turning known failures into one line and exit 1."""
+    try:
+        return asyncio.run(coro)
+    except VeracityError as exc:
+        raise Failure(exc.message) from None
+    except ConfigError as exc:
+        raise Failure(str(exc)) from None
+    except (psycopg.OperationalError, psycopg_pool.PoolTimeout, sqlite3.OperationalError,
+            FileNotFoundError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise Failure(f"cannot use the database: {first}") from None
+
+
+def common_options(fn: F) -> F:
+    """--config, --database-url and --app, on every command."""
+    fn = click.option("--app", "app", default=None, metavar="MODULE:ATTR",
+                      help="The App to load (VERACITY_APP).")(fn)
+    fn = click.option("--database-url", "database_url", default=None, metavar="URL",
+                      help="postgresql://... or sqlite:///path (VERACITY_DATABASE_URL).")(fn)
+    fn = click.option("--config", "config_path", default=None, metavar="PATH",
+                      type=click.Path(dir_okay=False),
+                      help="Configuration file (VERACITY_CONFIG; default ./veracity.toml).")(fn)
+    return fn
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(fn)
+
+
+def settings_from(config_path: str | None, **overrides: Any) -> Settings:
+    try:
+        return load_settings(config_path, overrides=overrides)
+    except ConfigError as exc:
+        raise Failure(str(exc)) from None
+
+
+async def with_runtime(settings: Settings, fn: Callable[[Runtime], Awaitable[T]]) -> T:
+    runtime = await open_runtime(settings)
+    try:
+        return await fn(runtime)
+    finally:
+        await runtime.close()
+
+
+def execution_json(e: Execution) -> dict[str, Any]:
+    return ExecutionOut.of(e).model_dump(mode="json")
+
+
+def event_json(ev: HistoryEvent) -> dict[str, Any]:
+    return HistoryItem.of(ev).model_dump(mode="json")
+
+
+def print_execution(e: Execution) -> None:
+    print_fields([
+        ("id", str(e.id)),
+        ("ffqn", e.ffqn),
+        ("status", str(e.status)),
+        ("params", short(e.params, 200)),
+        ("result", short(e.result, 200) if e.status == Status.COMPLETED else "-"),
+        ("error", short(e.error, 200) if e.error is not None else "-"),
+        ("attempt", str(e.attempt)),
+        ("deployment", e.deployment_id),
+        ("parent", str(e.parent_id) if e.parent_id else "-"),
+        ("idempotency key", e.idempotency_key or "-"),
+        ("scheduled at", fmt_time(e.scheduled_at)),
+        ("created at", fmt_time(e.created_at)),
+        ("updated at", fmt_time(e.updated_at)),
+        ("lease", f"{e.lease_owner} epoch {e.lease_epoch} until {fmt_time(e.lease_expires_at)}"
+                  if e.lease_owner else "-"),
+    ])
+
+
+def parse_time(name: str, value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an ISO 8601 time", param_hint=name) from None
+    if parsed.tzinfo is None:
+        raise click.BadParameter("give a timezone, e.g. 2030-01-01T00:00:00Z", param_hint=name)
+    return parsed
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="veracity")
+def cli() -> None:
+    """Veracity: durable workflow executions that never lie about their state."""
+
+
+@cli.command()
+@common_options
+@click.option("--host", default=None, help="Address to listen on (VERACITY_HOST).")
+@click.option("--port", default=None, type=int, help="Port to listen on (VERACITY_PORT).")
+def server(config_path: str | None, database_url: str | None, app: str | None,
+           host: str | None, port: int | None) -> None:
+    """Run the HTTP API (migrates the database first)."""
+    from veracity._logging import setup_logging
+    from veracity.server import run_server
+
+    settings = settings_from(config_path, database_url=database_url, app=app, host=host,
+                             port=port)
+    setup_logging(settings.log_level)
+    try:
+        from veracity.runtime import load_user_app
+
+        load_user_app(settings)  # fail fast, before binding the port
+    except ConfigError as exc:
+        raise Failure(str(exc)) from None
+    sys.exit(run_server(settings))
+
+
+@cli.command()
+@common_options
+@json_option
+def migrate(config_path: str | None, database_url: str | None, app: str | None,
+            as_json: bool) -> None:
+    """Apply the database migrations (safe to run from several processes at once)."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+
+    async def go() -> list[int]:
+        store = await open_store(settings.database_url)
+        try:
+            return await store.migrate()
+        finally:
+            await store.close()
+
+    applied = run(go())
+    if as_json:
+        print_json({"database": redact_url(settings.database_url), "applied": applied})
+    elif applied:
+        click.echo(f"applied migrations {', '.join(map(str, applied))} to "
+                   f"{redact_url(settings.database_url)}")
+    else:
+        click.echo(f"{redact_url(settings.database_url)} is up to date")
+
+
+def _parse_params(params_json: str | None, values: tuple[str, ...]) -> list[Any]:
+    if params_json is not None and values:
+        raise click.UsageError("give parameters either as arguments or with --params, not both")
+    if params_json is not None:
+        try:
+            parsed = json.loads(params_json)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--params") from None
+        if not isinstance(parsed, list):
+            raise click.BadParameter("must be a JSON array", param_hint="--params")
+        return parsed
+    out: list[Any] = []
+    for i, value in enumerate(values, 1):
+        try:
+            out.append(json.loads(value))
+        except json.JSONDecodeError:
+            raise click.BadParameter(
+                f"{value!r} is not JSON (quote strings: '\"text\"')",
+                param_hint=f"parameter {i}") from None
+    return out
+
+
+@cli.command()
+@common_options
+@json_option
+@click.argument("ffqn")
+@click.argument("params", nargs=-1)
+@click.option("--params", "params_json", default=None, metavar="JSON",
+              help="All parameters as one JSON array.")
+@click.option("--idempotency-key", default=None, help="Submitting again returns the same one.")
+@click.option("--scheduled-at", default=None, metavar="TIME",
+              help="ISO 8601 time before which it is not run.")
+def submit(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
+           ffqn: str, params: tuple[str, ...], params_json: str | None,
+           idempotency_key: str | None, scheduled_at: str | None) -> None:
+    """Submit an execution of FFQN; each PARAM is a JSON value."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    values = _parse_params(params_json, params)
+    when = parse_time("--scheduled-at", scheduled_at)
+
+    async def go(rt: Runtime) -> tuple[Execution, bool]:
+        return await rt.service.submit(ffqn, values, idempotency_key=idempotency_key,
+                                       scheduled_at=when)
+
+    execution, created = run(with_runtime(settings, go))
+    if as_json:
+        print_json(execution_json(execution))
+    else:
+        word = "submitted" if created else "already submitted (same idempotency key)"
+        click.echo(f"{word}: {execution.id}")
+        print_execution(execution)
+
+
+@cli.command()
+@common_options
+@json_option
+@click.argument("execution_id")
+def get(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
+        execution_id: str) -> None:
+    """Show one execution."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    execution = run(with_runtime(settings, lambda rt: rt.service.get(execution_id)))
+    if as_json:
+        print_json(execution_json(execution))
+    else:
+        print_execution(execution)
+
+
+@cli.command(name="list")
+@common_options
+@json_option
+@click.option("--status", "statuses", multiple=True,
+              type=click.Choice([s.value for s in Status]), help="Repeatable.")
+@click.option("--ffqn-prefix", default=None)
+@click.option("--deployment-id", default=None)
+@click.option("--created-after", default=None, metavar="TIME")
+@click.option("--created-before", default=None, metavar="TIME")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--cursor", default=None, help="next_cursor of the previous page.")
+def list_(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
+          statuses: tuple[str, ...], ffqn_prefix: str | None, deployment_id: str | None,
+          created_after: str | None, created_before: str | None, limit: int,
+          cursor: str | None) -> None:
+    """List executions, newest first."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    filt = ExecutionFilter(
+        statuses=tuple(Status(s) for s in statuses),
+        ffqn_prefix=ffqn_prefix,
+        deployment_id=deployment_id,
+        created_after=parse_time("--created-after", created_after),
+        created_before=parse_time("--created-before", created_before),
+    )
+    page = run(with_runtime(settings, lambda rt: rt.service.page(filt, limit=limit,
+                                                                 cursor=cursor)))
+    if as_json:
+        print_json({"items": [execution_json(e) for e in page.items],
+                    "next_cursor": page.next_cursor})
+        return
+    print_table(
+        ["id", "ffqn", "status", "attempt", "created at"],
+        [[str(e.id), short(e.ffqn, 50), str(e.status), str(e.attempt), fmt_time(e.created_at)]
+         for e in page.items],
+    )
+    if page.next_cursor:
+        click.echo(f"more: --cursor {page.next_cursor}")
+
+
+@cli.command()
+@common_options
+@json_option
+@click.argument("execution_id")
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 10_000))
+def history(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
+            execution_id: str, limit: int) -> None:
+    """Show an execution's history, oldest first."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    events = run(with_runtime(settings, lambda rt: rt.service.history(execution_id,
+                                                                      limit=limit)))
+    if as_json:
+        print_json({"items": [event_json(ev) for ev in events], "next_cursor": None})
+        return
+    print_table(["seq", "at", "kind", "data"],
+                [[str(ev.seq), fmt_time(ev.at), ev.kind, short(ev.data, 90)] for ev in events])
+
+
+def main() -> None:
+    cli(prog_name="veracity")
+
+

@@ -1,0 +1,1 @@
+"""The domain core: pure code with no I/O (states, names, decisions)."""

@@ -1,0 +1,34 @@
+"""Fully qualified function names: ``namespace:package/interface.function``."""
+
+from __future__ import annotations
+
+import re
+
+MAX_FFQN_LENGTH = 512
+CANCELLABLE_SUFFIX = "-cancellable"
+
+_FFQN = re.compile(
+    r"^(?P<ns>[a-z][a-z0-9_-]*):(?P<pkg>[a-z][a-z0-9_.-]*)/(?P<iface>[a-z][a-z0-9_-]*)\."
+    r"(?P<fn>[a-z][a-z0-9_-]*)$"
+)
+
+
+class InvalidFfqn(ValueError):
+    """A workflow name that is not ``namespace:package/interface.function``."""
+
+
+def validate_ffqn(ffqn: str) -> str:
+    """Return ``ffqn`` unchanged if well formed, else raise :class:`InvalidFfqn`."""
+    if len(ffqn) > MAX_FFQN_LENGTH:
+        raise InvalidFfqn(f"workflow name is longer than {MAX_FFQN_LENGTH} characters")
+    if not _FFQN.match(ffqn):
+        raise InvalidFfqn(
+            f"workflow name {ffqn!r} is not of the form namespace:package/interface.function "
+            "(lower-case letters, digits, '-' and '_')"
+        )
+    return ffqn
+
+
+def is_cancellable(ffqn: str) -> bool:
+    """Seed 001: only workflows whose name ends in ``-cancellable`` may be cancelled."""
+    return ffqn.endswith(CANCELLABLE_SUFFIX)

@@ -1,0 +1,1 @@
+"""Example applications (``make run`` serves :mod:`veracity.examples.shop`)."""

@@ -1,0 +1,109 @@
+"""The records Veracity stores and returns (plain dataclasses, no I/O)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from veracity.core.states import Status
+
+JSON = Any  # a value that json.dumps accepts
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    id: uuid.UUID
+    ffqn: str
+    params: list[JSON]
+    status: Status
+    result: JSON
+    error: JSON
+    attempt: int
+    deployment_id: str
+    parent_id: uuid.UUID | None
+    idempotency_key: str | None
+    scheduled_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    lease_owner: str | None
+    lease_epoch: int
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEvent:
+    execution_id: uuid.UUID
+    seq: int
+    kind: str
+    at: datetime
+    data: JSON
+
+
+@dataclass(frozen=True, slots=True)
+class NewExecution:
+    """What a submission asks for. ``scheduled_at=None`` means "now" (database clock)."""
+
+    ffqn: str
+    params: list[JSON]
+    deployment_id: str
+    id: uuid.UUID
+    idempotency_key: str | None = None
+    request_digest: str | None = None
+    scheduled_at: datetime | None = None
+    parent_id: uuid.UUID | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    execution: Execution
+    created: bool
+    """False when an execution with the same idempotency key already existed."""
+    request_digest: str | None
+    """The digest stored with the existing execution (to detect a different body)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListCursor:
+    """Keyset position: the (created_at, id) of the last row of the previous page."""
+
+    created_at: datetime
+    id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionFilter:
+    statuses: tuple[Status, ...] = ()
+    ffqn_prefix: str | None = None
+    deployment_id: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The lease a worker holds on a claimed execution (its fencing token)."""
+
+    execution_id: uuid.UUID
+    owner: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionResult:
+    """The outcome of a guarded state change.
+
+    ``applied`` is False when the guard refused it (someone else won, or the execution was
+    in a state the table does not allow to leave that way); ``execution`` is then the
+    current row, or None if the id does not exist.
+    """
+
+    applied: bool
+    execution: Execution | None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSettings:
+    ttl: timedelta = field(default=timedelta(seconds=120))

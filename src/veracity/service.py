@@ -1,0 +1,201 @@
+"""The execution service: validation and use cases shared by the HTTP API and the CLI.
+
+Input is checked completely before anything is written, so bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from veracity._ids import new_execution_id, parse_execution_id
+from veracity.core.ffqn import InvalidFfqn, validate_ffqn
+from veracity.errors import BadRequest, Conflict, InvalidInput, NotFound, PayloadTooLarge
+from veracity.models import (
+    JSON,
+    Execution,
+    ExecutionFilter,
+    HistoryEvent,
+    ListCursor,
+    NewExecution,
+)
+from veracity.store.protocol import Store
+
+MAX_LIST_LIMIT = 1000
+MAX_HISTORY_LIMIT = 10_000
+MAX_IDEMPOTENCY_KEY = 256
+# PostgreSQL's timestamptz ends at 294276 AD; keep far from both ends of every backend
+MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    items: list[Execution]
+    next_cursor: str | None
+
+
+def canonical_json(value: JSON) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_digest(ffqn: str, params: list[JSON], scheduled_at: datetime | None) -> str:
+    body = {
+        "ffqn": ffqn,
+        "params": params,
+        "scheduled_at": scheduled_at.astimezone(UTC).isoformat() if scheduled_at else None,
+    }
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+def encode_cursor(execution: Execution) -> str:
+    raw = json.dumps([execution.created_at.isoformat(), str(execution.id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> ListCursor:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        at, ident = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        created_at = datetime.fromisoformat(at)
+        if created_at.tzinfo is None:
+            raise ValueError("naive time")
+        return ListCursor(created_at=created_at, id=uuid.UUID(ident))
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise BadRequest(
+            "cursor is not one this server gave out; pass next_cursor unchanged",
+            code="invalid_cursor",
+        ) from None
+
+
+def parse_id(text: str) -> uuid.UUID:
+    try:
+        return parse_execution_id(text)
+    except ValueError:
+        raise BadRequest(
+            f"{text[:80]!r} is not an execution id (a UUID)", code="invalid_id"
+        ) from None
+
+
+def check_time(name: str, value: datetime | None) -> None:
+    if value is None:
+        return
+    if value.tzinfo is None:
+        raise InvalidInput(f"{name} must include a timezone (e.g. 2030-01-01T00:00:00Z)",
+                           code="invalid_time")
+    if not MIN_TIME <= value <= MAX_TIME:
+        raise InvalidInput(f"{name} must be between 1970 and 9999", code="invalid_time")
+
+
+class ExecutionService:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        workflows: Collection[str],
+        deployment_id: str,
+        max_payload_bytes: int = 1_048_576,
+    ) -> None:
+        self.store = store
+        self.workflows = workflows
+        self.deployment_id = deployment_id
+        self.max_payload_bytes = max_payload_bytes
+
+    def _check_workflow(self, ffqn: str) -> None:
+        try:
+            validate_ffqn(ffqn)
+        except InvalidFfqn as exc:
+            raise InvalidInput(str(exc), code="invalid_ffqn") from None
+        if ffqn not in self.workflows:
+            known = ", ".join(sorted(self.workflows)[:10]) or "none are registered"
+            raise InvalidInput(
+                f"unknown workflow {ffqn!r} (known: {known})", code="unknown_workflow"
+            )
+
+    def _check_payload(self, what: str, value: JSON) -> None:
+        try:
+            encoded = canonical_json(value).encode()
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"{what} is not JSON: {exc}", code="invalid_json") from None
+        if len(encoded) > self.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"{what} is {len(encoded)} bytes; the limit is {self.max_payload_bytes}"
+            )
+
+    async def submit(
+        self,
+        ffqn: str,
+        params: Sequence[JSON] = (),
+        *,
+        idempotency_key: str | None = None,
+        scheduled_at: datetime | None = None,
+    ) -> tuple[Execution, bool]:
+        """Create a pending execution; returns it and whether it was created now."""
+        self._check_workflow(ffqn)
+        if isinstance(params, str | bytes) or not isinstance(params, Sequence):
+            raise InvalidInput("params must be a JSON array", code="invalid_params")
+        param_list = list(params)
+        self._check_payload("params", param_list)
+        if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
+            raise InvalidInput(
+                f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
+                code="invalid_idempotency_key",
+            )
+        check_time("scheduled_at", scheduled_at)
+        digest = request_digest(ffqn, param_list, scheduled_at)
+        submitted = await self.store.execution_submit(
+            NewExecution(
+                ffqn=ffqn,
+                params=param_list,
+                deployment_id=self.deployment_id,
+                id=new_execution_id(),
+                idempotency_key=idempotency_key,
+                request_digest=digest if idempotency_key else None,
+                scheduled_at=scheduled_at,
+            )
+        )
+        if not submitted.created and submitted.request_digest != digest:
+            raise Conflict(
+                f"idempotency key {idempotency_key!r} was used for a different request "
+                f"(execution {submitted.execution.id})",
+                code="idempotency_conflict",
+            )
+        return submitted.execution, submitted.created
+
+    async def get(self, execution_id: str | uuid.UUID) -> Execution:
+        ident = execution_id if isinstance(execution_id, uuid.UUID) else parse_id(execution_id)
+        found = await self.store.execution_get(ident)
+        if found is None:
+            raise NotFound(f"execution {ident} does not exist")
+        return found
+
+    async def page(
+        self, filter: ExecutionFilter, *, limit: int = 50, cursor: str | None = None
+    ) -> Page:
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise InvalidInput(f"limit must be between 1 and {MAX_LIST_LIMIT}",
+                               code="invalid_limit")
+        check_time("created_after", filter.created_after)
+        check_time("created_before", filter.created_before)
+        after = decode_cursor(cursor) if cursor else None
+        rows = await self.store.execution_list(filter, limit=limit + 1, after=after)
+        items = rows[:limit]
+        next_cursor = encode_cursor(items[-1]) if len(rows) > limit else None
+        return Page(items, next_cursor)
+
+    async def history(
+        self, execution_id: str | uuid.UUID, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[HistoryEvent]:
+        execution = await self.get(execution_id)
+        if not 1 <= limit <= MAX_HISTORY_LIMIT:
+            raise InvalidInput(f"limit must be between 1 and {MAX_HISTORY_LIMIT}",
+                               code="invalid_limit")
+        if after_seq < 0:
+            raise InvalidInput("after_seq must be 0 or more", code="invalid_after_seq")
+        return await self.store.history_list(execution.id, after_seq=after_seq, limit=limit)

@@ -1,0 +1,25 @@
+"""Stores: one protocol (:mod:`.protocol`), a PostgreSQL and an SQLite implementation."""
+
+from __future__ import annotations
+
+from veracity.clock import Clock, DatabaseClock
+from veracity.errors import ConfigError
+from veracity.store.protocol import Store
+
+__all__ = ["Store", "open_store"]
+
+
+async def open_store(url: str, *, clock: Clock | None = None, pool_size: int = 10) -> Store:
+    """Open the store a database URL names: ``postgresql://...`` or ``sqlite:///path``."""
+    clock = clock or DatabaseClock()
+    if url.startswith(("postgresql://", "postgres://")):
+        from veracity.store.postgres import PostgresStore
+
+        return await PostgresStore.open(url, clock=clock, pool_size=pool_size)
+    if url.startswith("sqlite:///"):
+        from veracity.store.sqlite import SqliteStore
+
+        return await SqliteStore.open(url, clock=clock)
+    raise ConfigError(
+        f"database_url {url!r} is not supported: use postgresql://... or sqlite:///path"
+    )

@@ -1,0 +1,300 @@
+"""PostgreSQL implementation of :class:`veracity.store.protocol.Store`.
+
+Each hot-path operation is one statement (a CTE that changes the row and appends its
+history event), run in autocommit mode: one round trip, one transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from veracity.clock import Clock
+from veracity.core.states import Status
+from veracity.models import (
+    JSON,
+    Claim,
+    Execution,
+    ExecutionFilter,
+    HistoryEvent,
+    ListCursor,
+    NewExecution,
+    Submitted,
+    TransitionResult,
+)
+from veracity.store._common import claim_sources, late_report_event, owned_sources
+from veracity.store._sql import load_migrations, load_queries
+
+Q = load_queries("veracity.store.postgres")
+MIGRATIONS = load_migrations("veracity.store.postgres")
+# pg_advisory_xact_lock key for migrations: "veracity" in ASCII, as a bigint
+MIGRATION_LOCK_KEY = 0x7665726163697479
+
+Row = Mapping[str, Any]
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return value.astimezone(UTC) if value is not None else None
+
+
+def row_to_execution(row: Row) -> Execution:
+    return Execution(
+        id=row["id"],
+        ffqn=row["ffqn"],
+        params=row["params"],
+        status=Status(row["status"]),
+        result=row["result"],
+        error=row["error"],
+        attempt=row["attempt"],
+        deployment_id=row["deployment_id"],
+        parent_id=row["parent_id"],
+        idempotency_key=row["idempotency_key"],
+        scheduled_at=cast(datetime, _utc(row["scheduled_at"])),
+        created_at=cast(datetime, _utc(row["created_at"])),
+        updated_at=cast(datetime, _utc(row["updated_at"])),
+        lease_owner=row["lease_owner"],
+        lease_epoch=row["lease_epoch"],
+        lease_expires_at=_utc(row["lease_expires_at"]),
+    )
+
+
+def row_to_event(row: Row) -> HistoryEvent:
+    return HistoryEvent(
+        execution_id=row["execution_id"],
+        seq=row["seq"],
+        kind=row["kind"],
+        at=cast(datetime, _utc(row["at"])),
+        data=row["data"],
+    )
+
+
+def _q(name: str) -> str:
+    # queries come from our own package files, never from user input
+    return Q[name]
+
+
+class PostgresStore:
+    backend = "postgresql"
+
+    def __init__(self, url: str, pool: AsyncConnectionPool[Any], clock: Clock) -> None:
+        self._url = url
+        self._pool = pool
+        self._clock = clock
+
+    @classmethod
+    async def open(
+        cls, url: str, *, clock: Clock, pool_size: int = 10, connect_timeout: float = 10
+    ) -> PostgresStore:
+        # One direct connection first: an unreachable or misnamed database fails here at
+        # once with the server's own message, instead of as a pool timeout.
+        first = await psycopg.AsyncConnection.connect(url, connect_timeout=connect_timeout)
+        await first.close()
+
+        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute("SET TIME ZONE 'UTC'")
+
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=max(1, pool_size),
+            open=False,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            configure=configure,
+            check=AsyncConnectionPool.check_connection,
+            name="veracity",
+        )
+        await pool.open(wait=True, timeout=15)
+        return cls(url, pool, clock)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    def _now(self) -> datetime | None:
+        return self._clock.now()
+
+    async def _fetchall(self, name: str, params: Mapping[str, Any]) -> list[Row]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_q(name), params)
+            return cast(list[Row], await cur.fetchall())
+
+    async def _fetchone(self, name: str, params: Mapping[str, Any]) -> Row | None:
+        rows = await self._fetchall(name, params)
+        return rows[0] if rows else None
+
+    # -- schema ---------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        applied_now: list[int] = []
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute(_q("migrations_lock"), {"key": MIGRATION_LOCK_KEY})
+            await conn.execute(_q("migrations_ledger"))
+            cur = await conn.execute(_q("migrations_applied"))
+            done = {row["version"] for row in await cur.fetchall()}
+            for mig in MIGRATIONS:
+                if mig.version in done:
+                    continue
+                await conn.execute(mig.sql)
+                await conn.execute(
+                    _q("migrations_record"), {"version": mig.version, "name": mig.name}
+                )
+                applied_now.append(mig.version)
+        return applied_now
+
+    async def ping(self) -> None:
+        await self._fetchall("ping", {})
+
+    # -- executions -----------------------------------------------------------------
+
+    async def execution_submit(self, new: NewExecution) -> Submitted:
+        params = {
+            "id": new.id,
+            "ffqn": new.ffqn,
+            "params": Jsonb(new.params),
+            "deployment_id": new.deployment_id,
+            "parent_id": new.parent_id,
+            "idempotency_key": new.idempotency_key,
+            "request_digest": new.request_digest,
+            "scheduled_at": new.scheduled_at,
+            "now": self._now(),
+        }
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_q("execution_submit"), params)
+            row = await cur.fetchone()
+            if row is not None:
+                return Submitted(row_to_execution(row), True, new.request_digest)
+            # the idempotency key exists: ON CONFLICT waited for its inserter to commit
+            cur = await conn.execute(
+                _q("execution_by_idempotency_key"), {"idempotency_key": new.idempotency_key}
+            )
+            row = await cur.fetchone()
+        if row is None:  # pragma: no cover - the conflicting row cannot vanish (no deletes)
+            raise RuntimeError("idempotency conflict without an existing execution")
+        return Submitted(row_to_execution(row), False, row["request_digest"])
+
+    async def execution_get(self, execution_id: uuid.UUID) -> Execution | None:
+        row = await self._fetchone("execution_get", {"id": execution_id})
+        return row_to_execution(row) if row else None
+
+    async def execution_list(
+        self, filter: ExecutionFilter, *, limit: int, after: ListCursor | None = None
+    ) -> list[Execution]:
+        rows = await self._fetchall(
+            "execution_list",
+            {
+                "statuses": [str(s) for s in filter.statuses] or None,
+                "ffqn_prefix": filter.ffqn_prefix,
+                "deployment_id": filter.deployment_id,
+                "created_after": filter.created_after,
+                "created_before": filter.created_before,
+                "cursor_at": after.created_at if after else None,
+                "cursor_id": after.id if after else None,
+                "limit": limit,
+            },
+        )
+        return [row_to_execution(r) for r in rows]
+
+    async def history_list(
+        self, execution_id: uuid.UUID, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[HistoryEvent]:
+        rows = await self._fetchall(
+            "history_list", {"id": execution_id, "after_seq": after_seq, "limit": limit}
+        )
+        return [row_to_event(r) for r in rows]
+
+    # -- leases ---------------------------------------------------------------------
+
+    async def execution_claim(
+        self, owner: str, ffqns: Sequence[str], *, limit: int, lease_ttl: timedelta
+    ) -> list[Execution]:
+        if limit <= 0 or not ffqns:
+            return []
+        rows = await self._fetchall(
+            "execution_claim",
+            {
+                "owner": owner,
+                "ffqns": list(ffqns),
+                "limit": limit,
+                "ttl": lease_ttl,
+                "now": self._now(),
+                "from_states": claim_sources(),
+            },
+        )
+        return [row_to_execution(r) for r in rows]
+
+    async def _leave_if_owned(
+        self,
+        claim: Claim,
+        to: Status,
+        *,
+        report: str,
+        result: JSON = None,
+        error: JSON = None,
+        event: dict[str, JSON],
+        payload: JSON,
+    ) -> TransitionResult:
+        row = await self._fetchone(
+            "execution_leave_if_owned",
+            {
+                "id": claim.execution_id,
+                "owner": claim.owner,
+                "epoch": claim.epoch,
+                "to_status": str(to),
+                "from_states": owned_sources(to),
+                "result": Jsonb(result) if to == Status.COMPLETED else None,
+                "error": Jsonb(error) if error is not None else None,
+                "event": Jsonb(event),
+                "now": self._now(),
+            },
+        )
+        if row is not None:
+            return TransitionResult(True, row_to_execution(row))
+        current = await self.execution_get(claim.execution_id)
+        if current is None:
+            return TransitionResult(False, None, "execution does not exist")
+        late = late_report_event(report, claim, payload, current)
+        row = await self._fetchone(
+            "execution_late_report",
+            {"id": claim.execution_id, "event": Jsonb(late), "now": self._now()},
+        )
+        return TransitionResult(
+            False, row_to_execution(row) if row else current, cast(str, late["reason"])
+        )
+
+    async def execution_complete_if_owned(self, claim: Claim, result: JSON) -> TransitionResult:
+        return await self._leave_if_owned(
+            claim,
+            Status.COMPLETED,
+            report="complete",
+            result=result,
+            event={"owner": claim.owner, "epoch": claim.epoch},
+            payload={"result": result},
+        )
+
+    async def execution_fail_if_owned(
+        self, claim: Claim, error: JSON, *, transient: bool = False
+    ) -> TransitionResult:
+        to = Status.FAILED_TRANSIENT if transient else Status.FAILED
+        return await self._leave_if_owned(
+            claim,
+            to,
+            report="fail",
+            error=error,
+            event={"owner": claim.owner, "epoch": claim.epoch, "error": error},
+            payload={"error": error, "transient": transient},
+        )
+
+    async def execution_release_if_owned(self, claim: Claim, reason: str) -> TransitionResult:
+        return await self._leave_if_owned(
+            claim,
+            Status.PENDING,
+            report="release",
+            event={"owner": claim.owner, "epoch": claim.epoch, "reason": reason},
+            payload={"reason": reason},
+        )

@@ -1,0 +1,385 @@
+"""SQLite implementation of :class:`veracity.store.protocol.Store`.
+
+The embedded default for a single host. All access goes through one connection owned by
+one thread (sqlite3 connections are not for sharing); async callers hand work to it.
+Every write runs in ``BEGIN IMMEDIATE``, which takes SQLite's single write lock up front,
+so a guarded UPDATE and its history event commit together and concurrent writers (other
+threads or processes on the same file) queue behind the lock instead of interleaving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from veracity.clock import Clock
+from veracity.core.states import Status
+from veracity.models import (
+    JSON,
+    Claim,
+    Execution,
+    ExecutionFilter,
+    HistoryEvent,
+    ListCursor,
+    NewExecution,
+    Submitted,
+    TransitionResult,
+)
+from veracity.store._common import claim_sources, late_report_event, owned_sources
+from veracity.store._sql import load_migrations, load_queries
+
+Q = load_queries("veracity.store.sqlite")
+MIGRATIONS = load_migrations("veracity.store.sqlite")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+BUSY_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
+
+
+def to_us(value: datetime) -> int:
+    if value.tzinfo is None:
+        raise ValueError("naive datetime: Veracity stores only timezone-aware times")
+    return (value - EPOCH) // timedelta(microseconds=1)
+
+
+def from_us(value: int) -> datetime:
+    return EPOCH + timedelta(microseconds=value)
+
+
+def _dumps(value: JSON) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _loads(value: str | None) -> JSON:
+    return None if value is None else json.loads(value)
+
+
+def row_to_execution(row: sqlite3.Row) -> Execution:
+    return Execution(
+        id=uuid.UUID(row["id"]),
+        ffqn=row["ffqn"],
+        params=json.loads(row["params"]),
+        status=Status(row["status"]),
+        result=_loads(row["result"]),
+        error=_loads(row["error"]),
+        attempt=row["attempt"],
+        deployment_id=row["deployment_id"],
+        parent_id=uuid.UUID(row["parent_id"]) if row["parent_id"] else None,
+        idempotency_key=row["idempotency_key"],
+        scheduled_at=from_us(row["scheduled_at"]),
+        created_at=from_us(row["created_at"]),
+        updated_at=from_us(row["updated_at"]),
+        lease_owner=row["lease_owner"],
+        lease_epoch=row["lease_epoch"],
+        lease_expires_at=(
+            from_us(row["lease_expires_at"]) if row["lease_expires_at"] is not None else None
+        ),
+    )
+
+
+def row_to_event(row: sqlite3.Row) -> HistoryEvent:
+    return HistoryEvent(
+        execution_id=uuid.UUID(row["execution_id"]),
+        seq=row["seq"],
+        kind=row["kind"],
+        at=from_us(row["at"]),
+        data=json.loads(row["data"]),
+    )
+
+
+def path_from_url(url: str) -> Path:
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or len(url) == len(prefix):
+        raise ValueError(f"not an SQLite URL: {url!r} (expected sqlite:///path)")
+    return Path(url[len(prefix) :])
+
+
+class SqliteStore:
+    backend = "sqlite"
+
+    def __init__(self, path: Path, clock: Clock) -> None:
+        self._path = path
+        self._clock = clock
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="veracity-sqlite")
+        self._conn: sqlite3.Connection | None = None
+
+    @classmethod
+    async def open(cls, url: str, *, clock: Clock) -> SqliteStore:
+        store = cls(path_from_url(url), clock)
+        await store._run(store._connect)
+        return store
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        if self._path.parent and not self._path.parent.exists():
+            raise FileNotFoundError(f"folder of the SQLite database does not exist: {self._path}")
+        conn = sqlite3.connect(
+            self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")  # durable when the call returns
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        self._conn = conn
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn, *args)
+
+    def _c(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("the SQLite store is closed")
+        return self._conn
+
+    def _write(self, fn: Callable[[sqlite3.Connection, int], T]) -> T:
+        """Run ``fn(conn, now_us)`` in one IMMEDIATE transaction."""
+        conn = self._c()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            out = fn(conn, self._now_us(conn))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return out
+
+    def _now_us(self, conn: sqlite3.Connection) -> int:
+        injected = self._clock.now()
+        row = conn.execute(Q["now"], {"now": to_us(injected) if injected else None}).fetchone()
+        return int(row["now"])
+
+    def _all(self, name: str, params: Mapping[str, Any]) -> list[sqlite3.Row]:
+        return self._c().execute(Q[name], params).fetchall()
+
+    def _event(
+        self, conn: sqlite3.Connection, execution_id: str, seq: int, kind: str, at: int, data: JSON
+    ) -> None:
+        conn.execute(
+            Q["history_insert"],
+            {"execution_id": execution_id, "seq": seq, "kind": kind, "at": at,
+             "data": _dumps(data)},
+        )
+
+    async def close(self) -> None:
+        def _close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await self._run(_close)
+        self._executor.shutdown(wait=True)
+
+    # -- schema ---------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        def work(conn: sqlite3.Connection, now: int) -> list[int]:
+            conn.execute(Q["migrations_ledger"])
+            done = {r["version"] for r in conn.execute(Q["migrations_applied"]).fetchall()}
+            applied: list[int] = []
+            for mig in MIGRATIONS:
+                if mig.version in done:
+                    continue
+                for statement in _split_statements(mig.sql):
+                    conn.execute(statement)
+                conn.execute(Q["migrations_record"], {"version": mig.version, "name": mig.name})
+                applied.append(mig.version)
+            return applied
+
+        return await self._run(self._write, work)
+
+    async def ping(self) -> None:
+        await self._run(self._all, "ping", {})
+
+    # -- executions -----------------------------------------------------------------
+
+    async def execution_submit(self, new: NewExecution) -> Submitted:
+        def work(conn: sqlite3.Connection, now: int) -> Submitted:
+            row = conn.execute(
+                Q["execution_insert"],
+                {
+                    "id": str(new.id),
+                    "ffqn": new.ffqn,
+                    "params": _dumps(new.params),
+                    "deployment_id": new.deployment_id,
+                    "parent_id": str(new.parent_id) if new.parent_id else None,
+                    "idempotency_key": new.idempotency_key,
+                    "request_digest": new.request_digest,
+                    "scheduled_at": to_us(new.scheduled_at) if new.scheduled_at else None,
+                    "now": now,
+                },
+            ).fetchone()
+            if row is None:
+                existing = conn.execute(
+                    Q["execution_by_idempotency_key"], {"idempotency_key": new.idempotency_key}
+                ).fetchone()
+                return Submitted(row_to_execution(existing), False, existing["request_digest"])
+            ex = row_to_execution(row)
+            self._event(conn, row["id"], 1, "pending", now, {
+                "ffqn": ex.ffqn,
+                "params": ex.params,
+                "deployment_id": ex.deployment_id,
+                "scheduled_at": ex.scheduled_at.isoformat(),
+                "parent_id": str(ex.parent_id) if ex.parent_id else None,
+                "idempotency_key": ex.idempotency_key,
+            })
+            return Submitted(ex, True, new.request_digest)
+
+        return await self._run(self._write, work)
+
+    async def execution_get(self, execution_id: uuid.UUID) -> Execution | None:
+        rows = await self._run(self._all, "execution_get", {"id": str(execution_id)})
+        return row_to_execution(rows[0]) if rows else None
+
+    async def execution_list(
+        self, filter: ExecutionFilter, *, limit: int, after: ListCursor | None = None
+    ) -> list[Execution]:
+        params = {
+            "statuses": _dumps([str(s) for s in filter.statuses]) if filter.statuses else None,
+            "ffqn_prefix": filter.ffqn_prefix,
+            "deployment_id": filter.deployment_id,
+            "created_after": to_us(filter.created_after) if filter.created_after else None,
+            "created_before": to_us(filter.created_before) if filter.created_before else None,
+            "cursor_at": to_us(after.created_at) if after else None,
+            "cursor_id": str(after.id) if after else None,
+            "limit": limit,
+        }
+        rows = await self._run(self._all, "execution_list", params)
+        return [row_to_execution(r) for r in rows]
+
+    async def history_list(
+        self, execution_id: uuid.UUID, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[HistoryEvent]:
+        rows = await self._run(
+            self._all,
+            "history_list",
+            {"id": str(execution_id), "after_seq": after_seq, "limit": limit},
+        )
+        return [row_to_event(r) for r in rows]
+
+    # -- leases ---------------------------------------------------------------------
+
+    async def execution_claim(
+        self, owner: str, ffqns: Sequence[str], *, limit: int, lease_ttl: timedelta
+    ) -> list[Execution]:
+        if limit <= 0 or not ffqns:
+            return []
+
+        def work(conn: sqlite3.Connection, now: int) -> list[Execution]:
+            rows = conn.execute(
+                Q["execution_claim"],
+                {
+                    "owner": owner,
+                    "ffqns": _dumps(list(ffqns)),
+                    "limit": limit,
+                    "ttl_us": lease_ttl // timedelta(microseconds=1),
+                    "now": now,
+                    "from_states": _dumps(claim_sources()),
+                },
+            ).fetchall()
+            claimed = sorted((row_to_execution(r) for r in rows),
+                             key=lambda e: (e.scheduled_at, e.id))
+            seqs = {r["id"]: r["history_seq"] for r in rows}
+            for ex in claimed:
+                self._event(conn, str(ex.id), seqs[str(ex.id)], "running", now, {
+                    "owner": owner, "epoch": ex.lease_epoch, "attempt": ex.attempt})
+            return claimed
+
+        return await self._run(self._write, work)
+
+    async def _leave_if_owned(
+        self,
+        claim: Claim,
+        to: Status,
+        *,
+        report: str,
+        result: JSON = None,
+        error: JSON = None,
+        event: dict[str, JSON],
+        payload: JSON,
+    ) -> TransitionResult:
+        def work(conn: sqlite3.Connection, now: int) -> TransitionResult:
+            row = conn.execute(
+                Q["execution_leave_if_owned"],
+                {
+                    "id": str(claim.execution_id),
+                    "owner": claim.owner,
+                    "epoch": claim.epoch,
+                    "to_status": str(to),
+                    "from_states": _dumps(owned_sources(to)),
+                    "result": _dumps(result) if to == Status.COMPLETED else None,
+                    "error": _dumps(error) if error is not None else None,
+                    "now": now,
+                },
+            ).fetchone()
+            if row is not None:
+                self._event(conn, row["id"], row["history_seq"], str(to), now, event)
+                return TransitionResult(True, row_to_execution(row))
+            got = conn.execute(Q["execution_get"], {"id": str(claim.execution_id)}).fetchone()
+            if got is None:
+                return TransitionResult(False, None, "execution does not exist")
+            current = row_to_execution(got)
+            late = late_report_event(report, claim, payload, current)
+            bumped = conn.execute(
+                Q["execution_bump_history"], {"id": str(claim.execution_id)}
+            ).fetchone()
+            self._event(conn, bumped["id"], bumped["history_seq"], "late_report", now, late)
+            return TransitionResult(False, row_to_execution(bumped), str(late["reason"]))
+
+        return await self._run(self._write, work)
+
+    async def execution_complete_if_owned(self, claim: Claim, result: JSON) -> TransitionResult:
+        return await self._leave_if_owned(
+            claim,
+            Status.COMPLETED,
+            report="complete",
+            result=result,
+            event={"owner": claim.owner, "epoch": claim.epoch},
+            payload={"result": result},
+        )
+
+    async def execution_fail_if_owned(
+        self, claim: Claim, error: JSON, *, transient: bool = False
+    ) -> TransitionResult:
+        to = Status.FAILED_TRANSIENT if transient else Status.FAILED
+        return await self._leave_if_owned(
+            claim,
+            to,
+            report="fail",
+            error=error,
+            event={"owner": claim.owner, "epoch": claim.epoch, "error": error},
+            payload={"error": error, "transient": transient},
+        )
+
+    async def execution_release_if_owned(self, claim: Claim, reason: str) -> TransitionResult:
+        return await self._leave_if_owned(
+            claim,
+            Status.PENDING,
+            report="release",
+            event={"owner": claim.owner, "epoch": claim.epoch, "reason": reason},
+            payload={"reason": reason},
+        )
+
+
+def _split_statements(script: str) -> list[str]:
+    """Split a migration into statements (sqlite3 runs one per execute)."""
+    statements: list[str] = []
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        if not buf and line.strip().startswith("--"):
+            continue
+        buf += line
+        if sqlite3.complete_statement(buf):
+            statements.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        raise ValueError(f"incomplete statement at the end of a migration: {buf[:80]!r}")
+    return statements

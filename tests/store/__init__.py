@@ -1,0 +1,1 @@
+"""The store conformance suite: one suite, run unchanged against every backend."""

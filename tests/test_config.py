@@ -1,0 +1,365 @@
+"""Configuration loading: precedence, file discovery, durations and error messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from veracity.config import (
+    CONFIG_ENV_VAR,
+    ENV_VARS,
+    Settings,
+    describe,
+    load_settings,
+    parse_duration,
+)
+from veracity.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _empty_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No stray ./veracity.toml from wherever pytest was started.
+    monkeypatch.chdir(tmp_path)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def config_error(*args: object, **kwargs: object) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_settings(*args, **kwargs)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# --- precedence and discovery ---------------------------------------------------------
+
+
+def test_defaults() -> None:
+    s = load_settings(env={})
+    assert s.config_path is None
+    assert s.database_url == "sqlite:///./veracity.db"
+    assert (s.app, s.host, s.port, s.deployment_id) == (None, "127.0.0.1", 8000, None)
+    assert (s.max_payload_bytes, s.log_level) == (1048576, "info")
+    assert s.worker.concurrency == 16
+    assert s.worker.lease_ttl == 120.0
+    assert s.worker.heartbeat_interval is None
+    assert (s.worker.poll_interval, s.worker.shutdown_grace) == (1.0, 10.0)
+    assert (s.recovery.interval, s.recovery.max_attempts) == (30.0, 5)
+    assert (s.reconciler.interval, s.reconciler.concurrency) == (120.0, 16)
+    assert s.reconciler.engine_timeout == 10.0
+    assert (s.engines, s.external_workflow, s.cron, s.public_url) == ({}, [], [], None)
+
+
+def test_settings_are_frozen() -> None:
+    s = load_settings(env={})
+    with pytest.raises(ValueError, match="frozen"):
+        s.port = 1
+
+
+def test_file_only(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "conf.toml",
+        'database_url = "postgresql://db/veracity"\n'
+        'app = "shop.workflows:app"\n'
+        "port = 9000\n"
+        "[worker]\n"
+        "concurrency = 4\n"
+        'lease_ttl = "1m"\n'
+        "[recovery]\n"
+        "max_attempts = 2\n",
+    )
+    s = load_settings(path, env={})
+    assert s.config_path == path.resolve()
+    assert s.database_url == "postgresql://db/veracity"
+    assert s.app == "shop.workflows:app"
+    assert s.port == 9000
+    assert (s.worker.concurrency, s.worker.lease_ttl) == (4, 60.0)
+    assert s.recovery.max_attempts == 2
+    assert s.host == "127.0.0.1"  # untouched keys keep their defaults
+
+
+def test_env_beats_file(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", "port = 9000\n[worker]\nconcurrency = 4\nlease_ttl = 60\n")
+    env = {"VERACITY_PORT": "9100", "VERACITY_WORKER_CONCURRENCY": "8", "VERACITY_HOST": ""}
+    s = load_settings(path, env=env)
+    assert s.port == 9100
+    assert s.worker.concurrency == 8
+    assert s.worker.lease_ttl == 60.0  # the file's value where env is silent
+    assert s.host == "127.0.0.1"  # an empty variable counts as unset
+
+
+def test_flags_beat_env(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", "port = 9000\n")
+    env = {"VERACITY_PORT": "9100", "VERACITY_LEASE_TTL": "90s", "VERACITY_HOST": "0.0.0.0"}
+    s = load_settings(
+        path,
+        env=env,
+        overrides={"port": 9200, "worker.lease_ttl": "2m", "host": None},
+    )
+    assert s.port == 9200
+    assert s.worker.lease_ttl == 120.0
+    assert s.host == "0.0.0.0"  # a None flag means "not given"
+
+
+def test_env_var_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path / "elsewhere.toml", "port = 9300\n")
+    write(tmp_path / "veracity.toml", "port = 1111\n")
+    s = load_settings(env={CONFIG_ENV_VAR: str(path)})
+    assert s.port == 9300
+    assert s.config_path == path.resolve()
+
+
+def test_explicit_path_beats_env_var(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.toml", "port = 1001\n")
+    b = write(tmp_path / "b.toml", "port = 1002\n")
+    assert load_settings(a, env={CONFIG_ENV_VAR: str(b)}).port == 1001
+
+
+def test_veracity_toml_in_cwd_is_picked_up(tmp_path: Path) -> None:
+    write(tmp_path / "veracity.toml", 'host = "0.0.0.0"\n')
+    s = load_settings(env={})
+    assert s.host == "0.0.0.0"
+    assert s.config_path == (tmp_path / "veracity.toml").resolve()
+
+
+def test_explicit_missing_file_is_an_error(tmp_path: Path) -> None:
+    message = config_error("missing.toml", env={})
+    assert message.startswith("missing.toml: ")
+    assert "not found" in message
+    message = config_error(env={CONFIG_ENV_VAR: "gone.toml"})
+    assert message.startswith("gone.toml: ")
+    assert CONFIG_ENV_VAR in message
+
+
+# --- errors in the file ---------------------------------------------------------------
+
+
+def test_toml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    write(tmp_path / "veracity.toml", 'host = "x"\n\nport 8000\n')
+    message = config_error(env={})
+    assert message.startswith("veracity.toml:3: ")
+    assert "Expected '='" in message
+
+
+def test_wrong_type_in_worker_table_names_file_line_and_key(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "conf.toml",
+        '# comment\nport = 9000\n\n[worker]\nlease_ttl = 60\nconcurrency = "many"\n',
+    )
+    message = config_error(path, env={})
+    assert message == (
+        f"{path}:6: worker.concurrency: "
+        "Input should be a valid integer, unable to parse string as an integer"
+    )
+
+
+def test_out_of_range_value_in_file(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", "[recovery]\ninterval = 5\n\n[worker]\nconcurrency = 0\n")
+    message = config_error(path, env={})
+    assert message == f"{path}:5: worker.concurrency: Input should be greater than or equal to 1"
+
+
+def test_dotted_key_at_top_level_names_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", 'host = "h"\nworker.concurrency = 0\n')
+    message = config_error(path, env={})
+    assert message.startswith(f"{path}:2: worker.concurrency: ")
+
+
+def test_unknown_key_is_an_error_with_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", 'host = "h"\nprot = 8000\n')
+    assert config_error(path, env={}) == f"{path}:2: prot: unknown key"
+
+    path = write(tmp_path / "conf.toml", '[worker]\nconcurrency = 2\nleas_ttl = "1m"\n')
+    assert config_error(path, env={}) == f"{path}:3: worker.leas_ttl: unknown key"
+
+    path = write(tmp_path / "conf.toml", "port = 1\n\n[mystery]\nx = 1\n")
+    assert config_error(path, env={}) == f"{path}:3: mystery: unknown key"
+
+
+def test_config_path_cannot_be_set_in_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", 'config_path = "/etc/other.toml"\n')
+    assert config_error(path, env={}) == f"{path}:1: config_path: unknown key"
+
+
+def test_first_of_several_errors_is_reported(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", "port = 0\n[worker]\nconcurrency = 0\n")
+    message = config_error(path, env={})
+    assert message.startswith(f"{path}:1: port: ")
+
+
+def test_nested_table_errors_find_their_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", "port = 1\n[engines]\nn8n = 5\n")
+    assert config_error(path, env={}).startswith(f"{path}:3: engines.n8n: ")
+
+    path = write(tmp_path / "conf.toml", "port = 1\nexternal_workflow = [1]\n")
+    assert config_error(path, env={}).startswith(f"{path}:2: external_workflow[0]: ")
+
+
+# --- errors in the environment and flags -----------------------------------------------
+
+
+def test_invalid_env_var_names_the_variable(tmp_path: Path) -> None:
+    write(tmp_path / "veracity.toml", "port = 9000\n")
+    message = config_error(env={"VERACITY_PORT": "eighty"})
+    assert message == (
+        "VERACITY_PORT: Input should be a valid integer, unable to parse string as an integer"
+    )
+    message = config_error(env={"VERACITY_LEASE_TTL": "soon"})
+    assert message.startswith("VERACITY_LEASE_TTL: invalid duration 'soon'")
+
+
+def test_invalid_flag_names_the_flag() -> None:
+    message = config_error(env={"VERACITY_PORT": "9000"}, overrides={"port": 70000})
+    assert message == "--port: Input should be less than or equal to 65535"
+    message = config_error(env={}, overrides={"worker.shutdown_grace": "later"})
+    assert message.startswith("--shutdown-grace: invalid duration 'later'")
+    assert config_error(env={}, overrides={"nonsense": 1}) == "--nonsense: unknown key"
+
+
+def test_flag_inside_a_file_table_is_attributed_to_the_flag(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", "[worker]\nconcurrency = 4\n")
+    message = config_error(path, env={}, overrides={"worker.poll_interval": 0})
+    assert message == "--poll-interval: Input should be greater than 0"
+
+
+# --- durations ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("10m", 600.0),
+        ("90s", 90.0),
+        ("1h", 3600.0),
+        ("1h30m", 5400.0),
+        ("500ms", 0.5),
+        ("1.5s", 1.5),
+        ("120", 120.0),
+        (" 2m 30s ", 150.0),
+        (45, 45.0),
+        (0.25, 0.25),
+    ],
+)
+def test_parse_duration(text: str | float, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["abc", "", "10x", "m", "-5", "-5s", -1, float("nan"), "1h-30m"])
+def test_parse_duration_rejects(bad: str | float) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration(bad)
+
+
+def test_durations_through_every_source(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", 'reconciler.interval = "10m"\n[recovery]\ninterval = 45\n')
+    s = load_settings(
+        path,
+        env={"VERACITY_ENGINE_TIMEOUT": "500ms"},
+        overrides={"worker.lease_ttl": "1h30m"},
+    )
+    assert s.reconciler.interval == 600.0
+    assert s.recovery.interval == 45.0
+    assert s.reconciler.engine_timeout == 0.5
+    assert s.worker.lease_ttl == 5400.0
+
+
+def test_negative_and_zero_durations_rejected(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", "[worker]\nlease_ttl = -5\n")
+    message = config_error(path, env={})
+    assert message.startswith(f"{path}:2: worker.lease_ttl: invalid duration -5")
+    assert "negative" in message
+    message = config_error(env={"VERACITY_RECOVERY_INTERVAL": "0s"})
+    assert message == "VERACITY_RECOVERY_INTERVAL: Input should be greater than 0"
+    # zero is a valid grace period
+    assert load_settings(env={"VERACITY_SHUTDOWN_GRACE": "0"}).worker.shutdown_grace == 0.0
+
+
+# --- cross-field and shape rules --------------------------------------------------------
+
+
+def test_heartbeat_defaults_to_a_quarter_of_the_ttl() -> None:
+    assert load_settings(env={}).worker.effective_heartbeat_interval == 30.0
+    s = load_settings(env={"VERACITY_LEASE_TTL": "1m"})
+    assert s.worker.heartbeat_interval is None
+    assert s.worker.effective_heartbeat_interval == 15.0
+    s = load_settings(env={"VERACITY_HEARTBEAT_INTERVAL": "5s"})
+    assert s.worker.effective_heartbeat_interval == 5.0
+
+
+def test_heartbeat_not_shorter_than_ttl_rejected(tmp_path: Path) -> None:
+    message = config_error(env={"VERACITY_LEASE_TTL": "60", "VERACITY_HEARTBEAT_INTERVAL": "1m"})
+    assert message.startswith("VERACITY_HEARTBEAT_INTERVAL: must be less than worker.lease_ttl")
+    path = write(tmp_path / "conf.toml", "[worker]\nlease_ttl = 30\nheartbeat_interval = 45\n")
+    assert config_error(path, env={}).startswith(f"{path}:3: worker.heartbeat_interval: ")
+
+
+def test_app_shape_validated() -> None:
+    assert load_settings(env={"VERACITY_APP": "shop.flows:app"}).app == "shop.flows:app"
+    for bad in ["shop.flows", "shop:", ":app", "shop flows:app", "a:b:c"]:
+        message = config_error(env={"VERACITY_APP": bad})
+        assert message.startswith("VERACITY_APP: must be 'module:attribute'"), bad
+
+
+def test_other_value_rules() -> None:
+    assert load_settings(env={"VERACITY_LOG_LEVEL": "DEBUG"}).log_level == "debug"
+    assert config_error(env={"VERACITY_LOG_LEVEL": "loud"}).startswith("VERACITY_LOG_LEVEL: ")
+    assert config_error(env={}, overrides={"deployment_id": "x" * 129}).startswith(
+        "--deployment-id: "
+    )
+    assert config_error(env={"VERACITY_MAX_PAYLOAD_BYTES": "100"}).startswith(
+        "VERACITY_MAX_PAYLOAD_BYTES: Input should be greater than or equal to 1024"
+    )
+    assert config_error(env={"VERACITY_WORKER_CONCURRENCY": "10001"}).startswith(
+        "VERACITY_WORKER_CONCURRENCY: "
+    )
+
+
+def test_loose_tables_are_accepted(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "conf.toml",
+        'public_url = "https://veracity.example"\n'
+        "[engines.n8n]\n"
+        'kind = "n8n"\n'
+        'base_url = "http://localhost:5678"\n'
+        "[[external_workflow]]\n"
+        'ffqn = "ext:n8n/orders.run"\n'
+        'limit = "1h"\n'
+        "[[cron]]\n"
+        'schedule = "*/5 * * * *"\n'
+        'ffqn = "veracity:generations/reconcile.run"\n'
+        "[[tokens]]\n"
+        'name = "ci"\n'
+        "[secrets]\n"
+        'n8n_api_key = "env:N8N_API_KEY"\n',
+    )
+    s = load_settings(path, env={})
+    assert s.public_url == "https://veracity.example"
+    assert s.engines == {"n8n": {"kind": "n8n", "base_url": "http://localhost:5678"}}
+    assert s.external_workflow == [{"ffqn": "ext:n8n/orders.run", "limit": "1h"}]
+    assert s.cron[0]["schedule"] == "*/5 * * * *"
+    assert s.tokens == [{"name": "ci"}]
+    assert s.secrets == {"n8n_api_key": "env:N8N_API_KEY"}
+
+
+# --- documentation table --------------------------------------------------------------
+
+
+def test_describe_lists_every_variable_with_its_default() -> None:
+    rows = describe()
+    assert {env for _, env, _ in rows} == {*ENV_VARS.values(), CONFIG_ENV_VAR}
+    table = {key: (env, default) for key, env, default in rows}
+    assert table["port"] == ("VERACITY_PORT", "8000")
+    assert table["worker.lease_ttl"] == ("VERACITY_LEASE_TTL", "120s")
+    assert table["worker.heartbeat_interval"][1] == "lease_ttl / 4"
+    # every documented key is a real setting
+    defaults = Settings()
+    for key in ENV_VARS:
+        node: object = defaults
+        for part in key.split("."):
+            assert hasattr(node, part), key
+            node = getattr(node, part)
