@@ -33,7 +33,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
-def _service(request: Request) -> ExecutionService:
+async def _service(request: Request) -> ExecutionService:
+    # async on purpose: FastAPI runs plain-def dependencies in a thread pool
     service: ExecutionService = request.app.state.service
     return service
 

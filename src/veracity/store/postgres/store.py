@@ -107,7 +107,6 @@ class PostgresStore:
             open=False,
             kwargs={"autocommit": True, "row_factory": dict_row},
             configure=configure,
-            check=AsyncConnectionPool.check_connection,
             name="veracity",
         )
         await pool.open(wait=True, timeout=15)

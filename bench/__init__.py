@@ -1,0 +1,1 @@
+"""Benchmarks (``make bench``); never part of the test suite."""

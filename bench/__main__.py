@@ -1,0 +1,18 @@
+"""``python -m bench``: run every benchmark and print one line per figure."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+from bench import submit
+
+
+def main() -> None:
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}, {platform.platform()}")
+    submit.main([])
+
+
+if __name__ == "__main__":
+    main()

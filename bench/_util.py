@@ -1,0 +1,83 @@
+"""Shared pieces of the benchmarks: a free port, a server process, a scratch database."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import psycopg
+from psycopg import sql
+
+PG_URL = os.environ.get(
+    "VERACITY_BENCH_DATABASE_URL",
+    os.environ.get("VERACITY_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def veracity_bin() -> str:
+    found = shutil.which("veracity", path=str(Path(sys.executable).parent))
+    if not found:
+        raise SystemExit("veracity is not installed in this environment (run make install)")
+    return found
+
+
+@contextmanager
+def scratch_pg_database() -> Iterator[str]:
+    name = f"veracity_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base = PG_URL.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@contextmanager
+def server(database_url: str, app: str = "veracity.examples.shop:app",
+           extra_env: dict[str, str] | None = None) -> Iterator[str]:
+    port = free_port()
+    env = dict(os.environ, VERACITY_DATABASE_URL=database_url, VERACITY_APP=app,
+               VERACITY_PORT=str(port), VERACITY_LOG_LEVEL="warning", **(extra_env or {}))
+    proc = subprocess.Popen([veracity_bin(), "server"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise SystemExit(f"server did not start: {err[-2000:]}")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,96 @@
+"""Submissions per second through the HTTP API, on SQLite and on PostgreSQL.
+
+One ``veracity server`` process; the load comes from ``wrk`` (Debian package ``wrk``) with
+``--connections`` keep-alive connections for ``--seconds``. Every request is a full durable
+submission: the row and its history event are committed before the 201. Without wrk, a
+Python client is used instead, which on 2 cores measures mostly itself (it says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench._util import scratch_pg_database, server
+
+BODY = '{"ffqn": "shop:orders/process.run", "params": ["order", 100]}'
+LUA = f"""
+wrk.method = "POST"
+wrk.body = '{BODY}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+
+def _with_wrk(url: str, seconds: int, connections: int) -> tuple[float, str]:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write(LUA)
+        script.flush()
+        out = subprocess.run(
+            ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s",
+             script.name, f"{url}/v1/executions"],
+            check=True, capture_output=True, text=True,
+        ).stdout
+    if "Non-2xx" in out:
+        raise SystemExit(f"some submissions failed:\n{out}")
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    p50 = re.search(r"50%\s+(\S+)", out)
+    p99 = re.search(r"99%\s+(\S+)", out)
+    if not rate:
+        raise SystemExit(f"cannot read wrk's output:\n{out}")
+    detail = f"latency p50 {p50[1] if p50 else '?'}, p99 {p99[1] if p99 else '?'} (wrk)"
+    return float(rate[1]), detail
+
+
+async def _with_httpx(url: str, seconds: int, connections: int) -> tuple[float, str]:
+    limits = httpx.Limits(max_connections=connections)
+    done = 0
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
+        deadline = time.perf_counter() + seconds
+
+        async def loop() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                r = await client.post("/v1/executions", content=BODY,
+                                      headers={"content-type": "application/json"})
+                if r.status_code != 201:
+                    raise SystemExit(f"unexpected {r.status_code}: {r.text}")
+                done += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(connections)))
+        return done / (time.perf_counter() - start), "python client (install wrk for a fair figure)"
+
+
+def measure(database_url: str, seconds: int, connections: int) -> tuple[float, str]:
+    with server(database_url) as url:
+        if shutil.which("wrk"):
+            return _with_wrk(url, seconds, connections)
+        return asyncio.run(_with_httpx(url, seconds, connections))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--connections", type=int, default=16)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        rate, detail = measure(f"sqlite:///{Path(tmp) / 'bench.db'}", args.seconds,
+                               args.connections)
+        print(f"submit  sqlite      {args.connections} connections, {args.seconds}s: "
+              f"{rate:,.0f} submissions/s; {detail}")
+    with scratch_pg_database() as url:
+        rate, detail = measure(url, args.seconds, args.connections)
+        print(f"submit  postgresql  {args.connections} connections, {args.seconds}s: "
+              f"{rate:,.0f} submissions/s; {detail}")
+
+
+if __name__ == "__main__":
+    main()
