@@ -1,7 +1,25 @@
 """Veracity: durable workflow execution that never lies about the state of an execution."""
 
 from veracity._app import App, WorkflowDef
+from veracity.core.retry import RetryPolicy
 from veracity.core.states import Status
+from veracity.worker.context import (
+    Context,
+    ExecutionInterrupted,
+    NondeterminismError,
+    NotJSONError,
+    StepFailed,
+)
 
-__all__ = ["App", "Status", "WorkflowDef"]
+__all__ = [
+    "App",
+    "Context",
+    "ExecutionInterrupted",
+    "NondeterminismError",
+    "NotJSONError",
+    "RetryPolicy",
+    "Status",
+    "StepFailed",
+    "WorkflowDef",
+]
 __version__ = "0.1.0"

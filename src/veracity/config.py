@@ -59,6 +59,7 @@ ENV_VARS: dict[str, str] = {
     "worker.heartbeat_interval": "VERACITY_HEARTBEAT_INTERVAL",
     "worker.poll_interval": "VERACITY_POLL_INTERVAL",
     "worker.shutdown_grace": "VERACITY_SHUTDOWN_GRACE",
+    "worker.notifications": "VERACITY_WORKER_NOTIFICATIONS",
     "recovery.interval": "VERACITY_RECOVERY_INTERVAL",
     "recovery.max_attempts": "VERACITY_MAX_ATTEMPTS",
     "reconciler.interval": "VERACITY_RECONCILER_INTERVAL",
@@ -141,6 +142,8 @@ class WorkerSettings(_Model):
     heartbeat_interval: Duration | None = Field(default=None, gt=0)
     poll_interval: Duration = Field(default=1.0, gt=0)
     shutdown_grace: Duration = Field(default=10.0, ge=0)
+    # LISTEN/NOTIFY wake-ups (PostgreSQL); workers always poll too.
+    notifications: bool = True
 
     @field_validator("heartbeat_interval")
     @classmethod

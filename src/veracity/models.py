@@ -30,6 +30,8 @@ class Execution:
     lease_owner: str | None
     lease_epoch: int
     lease_expires_at: datetime | None
+    history_seq: int = 0
+    """Number of history events so far (the seq of the newest one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +109,37 @@ class TransitionResult:
 @dataclass(frozen=True, slots=True)
 class LeaseSettings:
     ttl: timedelta = field(default=timedelta(seconds=120))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """What a worker says about itself when it registers."""
+
+    id: str
+    host: str
+    pid: int
+    deployment_id: str
+    ffqns: list[str]
+    concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    id: str
+    host: str
+    pid: int
+    deployment_id: str
+    ffqns: list[str]
+    concurrency: int
+    started_at: datetime
+    last_heartbeat: datetime
+    stopped_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What one recovery pass did to one execution whose lease had expired."""
+
+    execution: Execution
+    previous_owner: str
+    previous_epoch: int

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 from veracity._app import App, load_app
@@ -45,6 +46,8 @@ async def open_runtime(settings: Settings, *, migrate: bool = False) -> Runtime:
             workflows=set(app.workflows) if app else set(),
             deployment_id=deployment_id,
             max_payload_bytes=settings.max_payload_bytes,
+            # a worker that has not renewed for a whole lease TTL is taken for dead
+            live_within=timedelta(seconds=settings.worker.lease_ttl),
         )
     except BaseException:
         await store.close()

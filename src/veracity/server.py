@@ -15,10 +15,14 @@ from contextlib import asynccontextmanager, contextmanager
 
 import uvicorn
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 
 from veracity.api import create_api
 from veracity.config import Settings
 from veracity.runtime import Runtime, open_runtime, redact_url
+from veracity.services._loop import run_forever
+from veracity.services.recovery import RecoveryMetrics, RecoveryService
+from veracity.worker.runner import Worker
 
 log = logging.getLogger("veracity.server")
 
@@ -38,12 +42,35 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def build_server_api(settings: Settings) -> FastAPI:
+def wants_worker(settings: Settings, with_worker: bool | None) -> bool:
+    """By default the server runs a worker in-process on SQLite (the embedded, one-process
+    setup) and not on PostgreSQL, where workers are their own processes."""
+    if with_worker is not None:
+        return with_worker
+    return settings.database_url.startswith("sqlite:")
+
+
+def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> FastAPI:
+    registry = CollectorRegistry()
+
     @asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
         runtime: Runtime = await open_runtime(settings, migrate=True)
         api.state.service = runtime.service
         api.state.runtime = runtime
+        stop = asyncio.Event()
+        recovery = RecoveryService(
+            runtime.store,
+            max_attempts=settings.recovery.max_attempts,
+            metrics=RecoveryMetrics(registry),
+        )
+        tasks = [asyncio.create_task(run_forever(recovery, settings.recovery.interval, stop))]
+        worker: Worker | None = None
+        if wants_worker(settings, with_worker) and runtime.app and runtime.app.workflows:
+            worker = Worker(runtime.store, runtime.app, settings=settings.worker,
+                            deployment_id=runtime.deployment_id)
+            runtime.service.on_submitted = worker.wake
+            tasks.append(asyncio.create_task(worker.run(), name="veracity-worker"))
         log.info(
             "started",
             extra={
@@ -51,19 +78,25 @@ def build_server_api(settings: Settings) -> FastAPI:
                 "database": redact_url(settings.database_url),
                 "deployment_id": runtime.deployment_id,
                 "workflows": sorted(runtime.app.workflows) if runtime.app else [],
+                "worker": worker.id if worker else None,
             },
         )
         try:
             yield
         finally:
+            stop.set()
+            if worker is not None:
+                worker.stop()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await runtime.close()
             log.info("stopped", extra={"domain": "server"})
 
-    return create_api(max_payload_bytes=settings.max_payload_bytes, lifespan=lifespan)
+    return create_api(max_payload_bytes=settings.max_payload_bytes, lifespan=lifespan,
+                      registry=registry)
 
 
-async def serve(settings: Settings) -> int:
-    api = build_server_api(settings)
+async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:
+    api = build_server_api(settings, with_worker=with_worker)
     config = uvicorn.Config(
         api,
         host=settings.host,
@@ -87,9 +120,9 @@ async def serve(settings: Settings) -> int:
     return 0 if server.started else 1
 
 
-def run_server(settings: Settings) -> int:
+def run_server(settings: Settings, *, with_worker: bool | None = None) -> int:
     try:
-        return asyncio.run(serve(settings))
+        return asyncio.run(serve(settings, with_worker=with_worker))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         print("interrupted", file=sys.stderr)
         return 130

@@ -10,12 +10,13 @@ import binascii
 import hashlib
 import json
 import uuid
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from veracity._ids import new_execution_id, parse_execution_id
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
+from veracity.core.states import Status
 from veracity.errors import BadRequest, Conflict, InvalidInput, NotFound, PayloadTooLarge
 from veracity.models import (
     JSON,
@@ -24,6 +25,7 @@ from veracity.models import (
     HistoryEvent,
     ListCursor,
     NewExecution,
+    WorkerRecord,
 )
 from veracity.store.protocol import Store
 
@@ -39,10 +41,19 @@ MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
 class Page:
     items: list[Execution]
     next_cursor: str | None
+    waiting: dict[uuid.UUID, str] = field(default_factory=dict)
+    """For pending executions that no live worker can run: why they wait."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    record: WorkerRecord
+    live: bool
 
 
 def canonical_json(value: JSON) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
 
 
 def request_digest(ffqn: str, params: list[JSON], scheduled_at: datetime | None) -> str:
@@ -67,7 +78,7 @@ def decode_cursor(cursor: str) -> ListCursor:
         if created_at.tzinfo is None:
             raise ValueError("naive time")
         return ListCursor(created_at=created_at, id=uuid.UUID(ident))
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+    except (ValueError, TypeError, AttributeError, binascii.Error, UnicodeDecodeError):
         raise BadRequest(
             "cursor is not one this server gave out; pass next_cursor unchanged",
             code="invalid_cursor",
@@ -101,11 +112,15 @@ class ExecutionService:
         workflows: Collection[str],
         deployment_id: str,
         max_payload_bytes: int = 1_048_576,
+        live_within: timedelta = timedelta(seconds=120),
+        on_submitted: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.workflows = workflows
         self.deployment_id = deployment_id
         self.max_payload_bytes = max_payload_bytes
+        self.live_within = live_within
+        self.on_submitted = on_submitted
 
     def _check_workflow(self, ffqn: str) -> None:
         try:
@@ -160,6 +175,8 @@ class ExecutionService:
                 scheduled_at=scheduled_at,
             )
         )
+        if submitted.created and self.on_submitted is not None:
+            self.on_submitted()
         if not submitted.created and submitted.request_digest != digest:
             raise Conflict(
                 f"idempotency key {idempotency_key!r} was used for a different request "
@@ -187,7 +204,26 @@ class ExecutionService:
         rows = await self.store.execution_list(filter, limit=limit + 1, after=after)
         items = rows[:limit]
         next_cursor = encode_cursor(items[-1]) if len(rows) > limit else None
-        return Page(items, next_cursor)
+        return Page(items, next_cursor, await self.waiting_reasons(items))
+
+    async def workers(self, *, limit: int = 1000) -> list[WorkerView]:
+        records = await self.store.worker_list(limit=limit)
+        now = await self.store.db_now()
+        return [WorkerView(r, r.stopped_at is None and now - r.last_heartbeat <= self.live_within)
+                for r in records]
+
+    async def waiting_reasons(self, items: Sequence[Execution]) -> dict[uuid.UUID, str]:
+        """Why pending executions wait: no live worker registers their workflow."""
+        pending = [e for e in items if e.status == Status.PENDING]
+        if not pending:
+            return {}
+        runnable: set[str] = set()
+        for view in await self.workers():
+            if view.live:
+                runnable.update(view.record.ffqns)
+        return {
+            e.id: f"no live worker runs {e.ffqn}" for e in pending if e.ffqn not in runnable
+        }
 
     async def history(
         self, execution_id: str | uuid.UUID, *, after_seq: int = 0, limit: int = 1000

@@ -8,7 +8,9 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from veracity.api.errors import error_response, install_error_handlers
 from veracity.api.limits import BodySizeLimit
@@ -20,6 +22,8 @@ from veracity.api.schemas import (
     HistoryItem,
     HistoryPage,
     SubmitRequest,
+    WorkerOut,
+    WorkerPage,
 )
 from veracity.core.states import Status
 from veracity.errors import InvalidInput
@@ -64,6 +68,7 @@ def create_api(
     *,
     max_payload_bytes: int = 1_048_576,
     lifespan: Lifespan | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> FastAPI:
     """The API. Pass a ready ``service``, or a ``lifespan`` that puts one on
     ``app.state.service`` at start (the server does that, to open the store there)."""
@@ -90,6 +95,16 @@ def create_api(
         except Exception as exc:
             return error_response(503, "database_unavailable", f"database check failed: {exc}")
         return Health(status="ok", database="ok", backend=service.store.backend)
+
+    metrics_registry = registry or CollectorRegistry()
+    app.state.metrics_registry = metrics_registry
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> PlainTextResponse:
+        """Prometheus metrics, text format."""
+        return PlainTextResponse(
+            generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST
+        )
 
     @app.post(
         "/v1/executions",
@@ -131,12 +146,21 @@ def create_api(
             cursor=cursor,
         )
         return ExecutionPage(
-            items=[ExecutionOut.of(e) for e in page.items], next_cursor=page.next_cursor
+            items=[ExecutionOut.of(e, page.waiting.get(e.id)) for e in page.items],
+            next_cursor=page.next_cursor,
         )
 
     @app.get("/v1/executions/{execution_id}", response_model=ExecutionOut, responses=ERRORS)
     async def get_execution(execution_id: str, service: Service) -> ExecutionOut:
-        return ExecutionOut.of(await service.get(execution_id))
+        execution = await service.get(execution_id)
+        waiting = await service.waiting_reasons([execution])
+        return ExecutionOut.of(execution, waiting.get(execution.id))
+
+    @app.get("/v1/workers", response_model=WorkerPage, responses=ERRORS)
+    async def list_workers(
+        service: Service, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    ) -> WorkerPage:
+        return WorkerPage(items=[WorkerOut.of(w) for w in await service.workers(limit=limit)])
 
     @app.get(
         "/v1/executions/{execution_id}/history", response_model=HistoryPage, responses=ERRORS
@@ -149,7 +173,7 @@ def create_api(
     ) -> HistoryPage:
         after_seq = 0
         if cursor is not None:
-            if not cursor.isdigit():
+            if not (cursor.isascii() and cursor.isdigit()):
                 raise InvalidInput("cursor must be a next_cursor value from this endpoint",
                                    code="invalid_cursor")
             after_seq = int(cursor)

@@ -9,6 +9,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from veracity.core.states import Status
 from veracity.models import Execution, HistoryEvent
+from veracity.service import WorkerView
 
 
 class SubmitRequest(BaseModel):
@@ -44,9 +45,12 @@ class ExecutionOut(BaseModel):
     lease_owner: str | None
     lease_epoch: int
     lease_expires_at: datetime | None
+    waiting_reason: str | None = Field(
+        default=None, description="Why a pending execution is not being run (if known)"
+    )
 
     @classmethod
-    def of(cls, e: Execution) -> ExecutionOut:
+    def of(cls, e: Execution, waiting_reason: str | None = None) -> ExecutionOut:
         return cls(
             id=str(e.id),
             ffqn=e.ffqn,
@@ -64,6 +68,7 @@ class ExecutionOut(BaseModel):
             lease_owner=e.lease_owner,
             lease_epoch=e.lease_epoch,
             lease_expires_at=e.lease_expires_at,
+            waiting_reason=waiting_reason,
         )
 
 
@@ -88,6 +93,31 @@ class HistoryPage(BaseModel):
     next_cursor: str | None = Field(
         default=None, description="Pass as cursor to get the events after this page"
     )
+
+
+class WorkerOut(BaseModel):
+    id: str
+    host: str
+    pid: int
+    deployment_id: str
+    workflows: list[str]
+    concurrency: int
+    started_at: datetime
+    last_heartbeat: datetime
+    stopped_at: datetime | None
+    live: bool
+
+    @classmethod
+    def of(cls, view: WorkerView) -> WorkerOut:
+        r = view.record
+        return cls(id=r.id, host=r.host, pid=r.pid, deployment_id=r.deployment_id,
+                   workflows=r.ffqns, concurrency=r.concurrency, started_at=r.started_at,
+                   last_heartbeat=r.last_heartbeat, stopped_at=r.stopped_at, live=view.live)
+
+
+class WorkerPage(BaseModel):
+    items: list[WorkerOut]
+    next_cursor: str | None = None
 
 
 class ErrorBody(BaseModel):

@@ -18,7 +18,7 @@ import click
 import psycopg
 import psycopg_pool
 
-from veracity.api.schemas import ExecutionOut, HistoryItem
+from veracity.api.schemas import ExecutionOut, HistoryItem, WorkerOut
 from veracity.cli.output import fmt_time, print_fields, print_json, print_table, short
 from veracity.config import Settings, load_settings
 from veracity.core.states import Status
@@ -85,8 +85,8 @@ async def with_runtime(settings: Settings, fn: Callable[[Runtime], Awaitable[T]]
         await runtime.close()
 
 
-def execution_json(e: Execution) -> dict[str, Any]:
-    return ExecutionOut.of(e).model_dump(mode="json")
+def execution_json(e: Execution, waiting_reason: str | None = None) -> dict[str, Any]:
+    return ExecutionOut.of(e, waiting_reason).model_dump(mode="json")
 
 
 def event_json(ev: HistoryEvent) -> dict[str, Any]:
@@ -135,9 +135,12 @@ def cli() -> None:
 @common_options
 @click.option("--host", default=None, help="Address to listen on (VERACITY_HOST).")
 @click.option("--port", default=None, type=int, help="Port to listen on (VERACITY_PORT).")
+@click.option("--worker/--no-worker", "with_worker", default=None,
+              help="Run a worker in this process (default: on with SQLite, off with "
+                   "PostgreSQL).")
 def server(config_path: str | None, database_url: str | None, app: str | None,
-           host: str | None, port: int | None) -> None:
-    """Run the HTTP API (migrates the database first)."""
+           host: str | None, port: int | None, with_worker: bool | None) -> None:
+    """Run the HTTP API and the background services (migrates the database first)."""
     from veracity._logging import setup_logging
     from veracity.server import run_server
 
@@ -150,7 +153,44 @@ def server(config_path: str | None, database_url: str | None, app: str | None,
         load_user_app(settings)  # fail fast, before binding the port
     except ConfigError as exc:
         raise Failure(str(exc)) from None
-    sys.exit(run_server(settings))
+    sys.exit(run_server(settings, with_worker=with_worker))
+
+
+@cli.command()
+@common_options
+@click.option("--concurrency", default=None, type=click.IntRange(1, 10000),
+              help="Executions run at once (VERACITY_WORKER_CONCURRENCY).")
+def worker(config_path: str | None, database_url: str | None, app: str | None,
+           concurrency: int | None) -> None:
+    """Run a worker: claim and run executions of the app's workflows until SIGTERM/SIGINT."""
+    from veracity._logging import setup_logging
+    from veracity.worker.main import run_worker
+
+    settings = settings_from(config_path, database_url=database_url, app=app,
+                             **{"worker.concurrency": concurrency})
+    setup_logging(settings.log_level)
+    sys.exit(run(run_worker(settings)))
+
+
+@cli.command()
+@common_options
+@json_option
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1000))
+def workers(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
+            limit: int) -> None:
+    """List registered workers, newest first."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    views = run(with_runtime(settings, lambda rt: rt.service.workers(limit=limit)))
+    if as_json:
+        print_json({"items": [WorkerOut.of(v).model_dump(mode="json") for v in views],
+                    "next_cursor": None})
+        return
+    print_table(
+        ["id", "live", "deployment", "concurrency", "last heartbeat", "workflows"],
+        [[v.record.id, "yes" if v.live else "no", v.record.deployment_id,
+          str(v.record.concurrency), fmt_time(v.record.last_heartbeat),
+          short(", ".join(v.record.ffqns), 60)] for v in views],
+    )
 
 
 @cli.command()
@@ -273,12 +313,13 @@ def list_(config_path: str | None, database_url: str | None, app: str | None, as
     page = run(with_runtime(settings, lambda rt: rt.service.page(filt, limit=limit,
                                                                  cursor=cursor)))
     if as_json:
-        print_json({"items": [execution_json(e) for e in page.items],
+        print_json({"items": [execution_json(e, page.waiting.get(e.id)) for e in page.items],
                     "next_cursor": page.next_cursor})
         return
     print_table(
-        ["id", "ffqn", "status", "attempt", "created at"],
-        [[str(e.id), short(e.ffqn, 50), str(e.status), str(e.attempt), fmt_time(e.created_at)]
+        ["id", "ffqn", "status", "attempt", "created at", "note"],
+        [[str(e.id), short(e.ffqn, 50), str(e.status), str(e.attempt), fmt_time(e.created_at),
+          page.waiting.get(e.id, "")]
          for e in page.items],
     )
     if page.next_cursor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from veracity import App
+from veracity import App, Context
 
 app = App("shop")
 
@@ -18,17 +18,17 @@ def charge(order_id: str, amount_cents: int) -> dict[str, Any]:
 
 
 @app.workflow("shop:orders/process.run")
-async def process_order(ctx: Any, order_id: str, amount_cents: int = 1000) -> dict[str, Any]:
+async def process_order(ctx: Context, order_id: str, amount_cents: int = 1000) -> dict[str, Any]:
     receipt = await ctx.step(charge, order_id, amount_cents)
     return {"order_id": order_id, "receipt": receipt}
 
 
 @app.workflow("shop:mail/send.run")
-async def send_mail(ctx: Any, to: str, subject: str) -> str:
+async def send_mail(ctx: Context, to: str, subject: str) -> str:
     return f"queued mail to {to}: {subject}"
 
 
 @app.workflow("shop:monitor/stock.run-cancellable")
-async def watch_stock(ctx: Any, sku: str) -> None:
+async def watch_stock(ctx: Context, sku: str) -> None:
     """A long-running, cancellable monitor (see the generations guide)."""
     return None

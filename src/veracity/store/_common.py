@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from veracity.core.states import Status, sources_of
-from veracity.models import JSON, Claim, Execution
+from veracity.models import JSON, Claim, Execution, ExecutionFilter, NewExecution
 
 # the states a worker's fenced write may leave: exactly those the table allows
 OWNED_FROM: tuple[Status, ...] = (Status.RUNNING,)
@@ -36,3 +38,33 @@ def late_report_event(
         "payload": payload,
         "reason": reason,
     }
+
+
+def require_aware(*values: datetime | None) -> None:
+    """Stores keep only timezone-aware times; a naive one is a caller's bug."""
+    for value in values:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime: Veracity stores only timezone-aware times")
+
+
+def check_new(new: NewExecution) -> None:
+    require_aware(new.scheduled_at)
+
+
+def check_filter(filter: ExecutionFilter) -> None:
+    require_aware(filter.created_after, filter.created_before)
+
+
+def recover_sources() -> list[str]:
+    """Recovery leaves running for pending or failed_transient: both must be allowed."""
+    a = set(sources_of(Status.PENDING, among=OWNED_FROM))
+    b = set(sources_of(Status.FAILED_TRANSIENT, among=OWNED_FROM))
+    return sorted(str(s) for s in a & b)
+
+
+def lock_key(name: str) -> int:
+    """A stable signed 64-bit advisory-lock key for a service name."""
+    import hashlib
+
+    digest = hashlib.sha256(f"veracity:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)

@@ -10,8 +10,9 @@ never an exception. The conformance suite in ``tests/store/`` runs against every
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from veracity.models import (
@@ -22,14 +23,20 @@ from veracity.models import (
     HistoryEvent,
     ListCursor,
     NewExecution,
+    Recovered,
     Submitted,
     TransitionResult,
+    WorkerInfo,
+    WorkerRecord,
 )
 
 
 class Store(Protocol):
     backend: str
     """``"postgresql"`` or ``"sqlite"``."""
+
+    supports_notifications: bool
+    """True if :meth:`pending_notifications` delivers wake-ups (PostgreSQL LISTEN)."""
 
     async def migrate(self) -> list[int]:
         """Apply pending migrations (safe from several processes at once); return the
@@ -81,3 +88,54 @@ class Store(Protocol):
 
     async def execution_release_if_owned(self, claim: Claim, reason: str) -> TransitionResult:
         """running -> pending (the lease is given back), guarded like completion."""
+
+    async def execution_complete_many_if_owned(
+        self, owner: str, items: Sequence[tuple[Claim, JSON]]
+    ) -> list[TransitionResult]:
+        """Complete several executions of one owner at once; each row is guarded exactly
+        like :meth:`execution_complete_if_owned` (refusals become late reports). Results
+        are in the order of ``items``."""
+
+    async def execution_checkpoint_if_owned(
+        self, claim: Claim, kind: str, data: JSON
+    ) -> TransitionResult:
+        """Append a journal event (``step_completed``, ...) to history, only while the
+        lease is held; the status does not change. A refusal is recorded as a late report
+        and answered ``applied=False``."""
+
+    async def lease_renew(
+        self, owner: str, leases: Sequence[Claim], ttl: timedelta
+    ) -> list[Claim]:
+        """The heartbeat: extend every still-valid lease of ``owner`` to now + ttl (one
+        statement) and touch the worker's row; return the leases renewed. A lease missing
+        from the answer is lost."""
+
+    async def execution_recover_expired(
+        self, *, max_attempts: int, limit: int = 1000
+    ) -> list[Recovered]:
+        """Move executions whose lease expired back to pending (attempt + 1), or to
+        failed_transient once ``attempt >= max_attempts``; clear the owner; record why.
+        Executions delegated to an external engine hold no lease and are never touched."""
+
+    # -- workers --------------------------------------------------------------------------
+
+    async def worker_register(self, info: WorkerInfo) -> WorkerRecord: ...
+
+    async def worker_stop(self, worker_id: str) -> None: ...
+
+    async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]: ...
+
+    async def db_now(self) -> datetime:
+        """The store's clock (the injected one, else the database's)."""
+
+    # -- coordination ---------------------------------------------------------------------
+
+    def single_runner(self, name: str) -> AbstractAsyncContextManager[bool]:
+        """Try to take the lock ``name`` for one tick of a periodic service; yields whether
+        it was taken (never waits). PostgreSQL: a session advisory lock on a dedicated
+        connection, released in ``finally``, the connection discarded if unlocking fails.
+        SQLite: a lock row with an expiry."""
+
+    def pending_notifications(self) -> AsyncIterator[None]:
+        """Yield once per wake-up notification (an execution became pending). Only when
+        ``supports_notifications``; ends with an exception if the connection is lost."""

@@ -6,14 +6,16 @@ history event), run in autocommit mode: one round trip, one transaction.
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Json
 from psycopg_pool import AsyncConnectionPool
 
 from veracity.clock import Clock
@@ -26,10 +28,21 @@ from veracity.models import (
     HistoryEvent,
     ListCursor,
     NewExecution,
+    Recovered,
     Submitted,
     TransitionResult,
+    WorkerInfo,
+    WorkerRecord,
 )
-from veracity.store._common import claim_sources, late_report_event, owned_sources
+from veracity.store._common import (
+    check_filter,
+    check_new,
+    claim_sources,
+    late_report_event,
+    lock_key,
+    owned_sources,
+    recover_sources,
+)
 from veracity.store._sql import load_migrations, load_queries
 
 Q = load_queries("veracity.store.postgres")
@@ -38,6 +51,8 @@ MIGRATIONS = load_migrations("veracity.store.postgres")
 MIGRATION_LOCK_KEY = 0x7665726163697479
 
 Row = Mapping[str, Any]
+log = logging.getLogger("veracity.store")
+NOTIFY_CHANNEL = "veracity_pending"
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -62,6 +77,21 @@ def row_to_execution(row: Row) -> Execution:
         lease_owner=row["lease_owner"],
         lease_epoch=row["lease_epoch"],
         lease_expires_at=_utc(row["lease_expires_at"]),
+        history_seq=row["history_seq"],
+    )
+
+
+def row_to_worker(row: Row) -> WorkerRecord:
+    return WorkerRecord(
+        id=row["id"],
+        host=row["host"],
+        pid=row["pid"],
+        deployment_id=row["deployment_id"],
+        ffqns=row["ffqns"],
+        concurrency=row["concurrency"],
+        started_at=cast(datetime, _utc(row["started_at"])),
+        last_heartbeat=cast(datetime, _utc(row["last_heartbeat"])),
+        stopped_at=_utc(row["stopped_at"]),
     )
 
 
@@ -82,6 +112,7 @@ def _q(name: str) -> str:
 
 class PostgresStore:
     backend = "postgresql"
+    supports_notifications = True
 
     def __init__(self, url: str, pool: AsyncConnectionPool[Any], clock: Clock) -> None:
         self._url = url
@@ -90,7 +121,7 @@ class PostgresStore:
 
     @classmethod
     async def open(
-        cls, url: str, *, clock: Clock, pool_size: int = 10, connect_timeout: float = 10
+        cls, url: str, *, clock: Clock, pool_size: int = 10, connect_timeout: int = 10
     ) -> PostgresStore:
         # One direct connection first: an unreachable or misnamed database fails here at
         # once with the server's own message, instead of as a pool timeout.
@@ -152,10 +183,11 @@ class PostgresStore:
     # -- executions -----------------------------------------------------------------
 
     async def execution_submit(self, new: NewExecution) -> Submitted:
+        check_new(new)
         params = {
             "id": new.id,
             "ffqn": new.ffqn,
-            "params": Jsonb(new.params),
+            "params": Json(new.params),
             "deployment_id": new.deployment_id,
             "parent_id": new.parent_id,
             "idempotency_key": new.idempotency_key,
@@ -184,6 +216,7 @@ class PostgresStore:
     async def execution_list(
         self, filter: ExecutionFilter, *, limit: int, after: ListCursor | None = None
     ) -> list[Execution]:
+        check_filter(filter)
         rows = await self._fetchall(
             "execution_list",
             {
@@ -227,6 +260,26 @@ class PostgresStore:
         )
         return [row_to_execution(r) for r in rows]
 
+    async def _late_report(
+        self, report: str, claim: Claim, payload: JSON
+    ) -> TransitionResult:
+        current = await self.execution_get(claim.execution_id)
+        if current is None:
+            return TransitionResult(False, None, "execution does not exist")
+        late = late_report_event(report, claim, payload, current)
+        row = await self._fetchone(
+            "execution_late_report",
+            {"id": claim.execution_id, "event": Json(late), "now": self._now()},
+        )
+        log.warning(
+            "late report refused: %s", late["reason"],
+            extra={"domain": "worker", "execution_id": str(claim.execution_id),
+                   "report": report, "owner": claim.owner, "epoch": claim.epoch},
+        )
+        return TransitionResult(
+            False, row_to_execution(row) if row else current, cast(str, late["reason"])
+        )
+
     async def _leave_if_owned(
         self,
         claim: Claim,
@@ -246,25 +299,15 @@ class PostgresStore:
                 "epoch": claim.epoch,
                 "to_status": str(to),
                 "from_states": owned_sources(to),
-                "result": Jsonb(result) if to == Status.COMPLETED else None,
-                "error": Jsonb(error) if error is not None else None,
-                "event": Jsonb(event),
+                "result": Json(result) if to == Status.COMPLETED else None,
+                "error": Json(error) if error is not None else None,
+                "event": Json(event),
                 "now": self._now(),
             },
         )
         if row is not None:
             return TransitionResult(True, row_to_execution(row))
-        current = await self.execution_get(claim.execution_id)
-        if current is None:
-            return TransitionResult(False, None, "execution does not exist")
-        late = late_report_event(report, claim, payload, current)
-        row = await self._fetchone(
-            "execution_late_report",
-            {"id": claim.execution_id, "event": Jsonb(late), "now": self._now()},
-        )
-        return TransitionResult(
-            False, row_to_execution(row) if row else current, cast(str, late["reason"])
-        )
+        return await self._late_report(report, claim, payload)
 
     async def execution_complete_if_owned(self, claim: Claim, result: JSON) -> TransitionResult:
         return await self._leave_if_owned(
@@ -297,3 +340,148 @@ class PostgresStore:
             event={"owner": claim.owner, "epoch": claim.epoch, "reason": reason},
             payload={"reason": reason},
         )
+
+    async def execution_complete_many_if_owned(
+        self, owner: str, items: Sequence[tuple[Claim, JSON]]
+    ) -> list[TransitionResult]:
+        if not items:
+            return []
+        if any(claim.owner != owner for claim, _ in items):
+            raise ValueError("every claim of a batch must belong to its owner")
+        rows = await self._fetchall(
+            "execution_complete_many_if_owned",
+            {
+                "ids": [claim.execution_id for claim, _ in items],
+                "epochs": [claim.epoch for claim, _ in items],
+                "results": [Json(result) for _, result in items],
+                "owner": owner,
+                "from_states": owned_sources(Status.COMPLETED),
+                "now": self._now(),
+            },
+        )
+        done = {row["id"]: row_to_execution(row) for row in rows}
+        out: list[TransitionResult] = []
+        for claim, result in items:
+            if claim.execution_id in done:
+                out.append(TransitionResult(True, done[claim.execution_id]))
+            else:
+                out.append(await self._late_report("complete", claim, {"result": result}))
+        return out
+
+    async def execution_checkpoint_if_owned(
+        self, claim: Claim, kind: str, data: JSON
+    ) -> TransitionResult:
+        row = await self._fetchone(
+            "execution_checkpoint_if_owned",
+            {
+                "id": claim.execution_id,
+                "owner": claim.owner,
+                "epoch": claim.epoch,
+                "kind": kind,
+                "data": Json(data),
+                "now": self._now(),
+            },
+        )
+        if row is not None:
+            return TransitionResult(True, None)
+        return await self._late_report(kind, claim, data)
+
+    async def lease_renew(
+        self, owner: str, leases: Sequence[Claim], ttl: timedelta
+    ) -> list[Claim]:
+        rows = await self._fetchall(
+            "lease_renew",
+            {
+                "owner": owner,
+                "ids": [c.execution_id for c in leases],
+                "epochs": [c.epoch for c in leases],
+                "ttl": ttl,
+                "now": self._now(),
+            },
+        )
+        return [Claim(row["id"], owner, row["lease_epoch"]) for row in rows]
+
+    async def execution_recover_expired(
+        self, *, max_attempts: int, limit: int = 1000
+    ) -> list[Recovered]:
+        rows = await self._fetchall(
+            "execution_recover_expired",
+            {
+                "max_attempts": max_attempts,
+                "limit": limit,
+                "from_states": recover_sources(),
+                "now": self._now(),
+            },
+        )
+        return [
+            Recovered(row_to_execution(row), row["old_owner"], row["old_epoch"]) for row in rows
+        ]
+
+    # -- workers --------------------------------------------------------------------
+
+    async def worker_register(self, info: WorkerInfo) -> WorkerRecord:
+        row = await self._fetchone(
+            "worker_register",
+            {
+                "id": info.id,
+                "host": info.host,
+                "pid": info.pid,
+                "deployment_id": info.deployment_id,
+                "ffqns": Json(info.ffqns),
+                "concurrency": info.concurrency,
+                "now": self._now(),
+            },
+        )
+        assert row is not None
+        return row_to_worker(row)
+
+    async def worker_stop(self, worker_id: str) -> None:
+        await self._fetchall("worker_stop", {"id": worker_id, "now": self._now()})
+
+    async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
+        rows = await self._fetchall("worker_list", {"limit": limit, "now": self._now()})
+        return [row_to_worker(r) for r in rows]
+
+    async def db_now(self) -> datetime:
+        row = await self._fetchone("db_now", {"now": self._now()})
+        assert row is not None
+        return cast(datetime, _utc(row["now"]))
+
+    # -- coordination ---------------------------------------------------------------
+
+    @asynccontextmanager
+    async def single_runner(self, name: str) -> AsyncIterator[bool]:
+        key = lock_key(name)
+        # a connection of its own for the whole tick: the lock lives in its session
+        conn = await psycopg.AsyncConnection.connect(
+            self._url, autocommit=True, row_factory=dict_row, connect_timeout=10
+        )
+        try:
+            cur = await conn.execute(_q("lock_try"), {"key": key})
+            row = await cur.fetchone()
+            acquired = bool(row and row["acquired"])
+        except BaseException:
+            await conn.close()
+            raise
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                try:
+                    await conn.execute(_q("lock_release"), {"key": key})
+                except Exception:
+                    # closing ends the session, and with it every lock it held
+                    log.warning("could not release the %s lock; closing its connection", name,
+                                extra={"domain": name})
+            await conn.close()
+
+    async def pending_notifications(self) -> AsyncIterator[None]:
+        conn = await psycopg.AsyncConnection.connect(
+            self._url, autocommit=True, connect_timeout=10
+        )
+        try:
+            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            async for _ in conn.notifies():
+                yield None
+        finally:
+            await conn.close()

@@ -98,3 +98,73 @@ RETURNING *
 UPDATE veracity_executions SET history_seq = history_seq + 1
 WHERE id = :id
 RETURNING *
+
+-- name: execution_checkpoint_if_owned
+UPDATE veracity_executions SET history_seq = history_seq + 1
+WHERE id = :id
+  AND status = 'running'
+  AND lease_owner = :owner
+  AND lease_epoch = :epoch
+  AND lease_expires_at > :now
+RETURNING id, history_seq
+
+-- name: lease_renew
+UPDATE veracity_executions SET lease_expires_at = :now + :ttl_us
+WHERE id = :id
+  AND lease_epoch = :epoch
+  AND status = 'running'
+  AND lease_owner = :owner
+  AND lease_expires_at > :now
+RETURNING id, lease_epoch
+
+-- name: worker_heartbeat
+UPDATE veracity_workers SET last_heartbeat = :now WHERE id = :owner
+
+-- name: execution_expired
+SELECT id, lease_owner, lease_epoch, attempt FROM veracity_executions
+WHERE status = 'running' AND lease_owner IS NOT NULL AND lease_expires_at <= :now
+ORDER BY lease_expires_at
+LIMIT :limit
+
+-- name: execution_recover_one
+UPDATE veracity_executions SET
+    status = CASE WHEN attempt >= :max_attempts THEN 'failed_transient' ELSE 'pending' END,
+    attempt = CASE WHEN attempt >= :max_attempts THEN attempt ELSE attempt + 1 END,
+    error = CASE WHEN attempt >= :max_attempts
+                 THEN json_object('code', 'lease_expired', 'message',
+                      printf('lease of %s expired on attempt %d of %d',
+                             lease_owner, attempt, :max_attempts))
+                 ELSE error END,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id = :id
+  AND status IN (SELECT value FROM json_each(:from_states))
+  AND lease_expires_at <= :now
+RETURNING *
+
+-- name: worker_register
+INSERT INTO veracity_workers (
+    id, host, pid, deployment_id, ffqns, concurrency, started_at, last_heartbeat)
+VALUES (:id, :host, :pid, :deployment_id, :ffqns, :concurrency, :now, :now)
+ON CONFLICT (id) DO UPDATE SET
+    host = excluded.host, pid = excluded.pid, deployment_id = excluded.deployment_id,
+    ffqns = excluded.ffqns, concurrency = excluded.concurrency,
+    last_heartbeat = excluded.last_heartbeat, stopped_at = NULL
+RETURNING *
+
+-- name: worker_stop
+UPDATE veracity_workers SET stopped_at = :now WHERE id = :id RETURNING *
+
+-- name: worker_list
+SELECT * FROM veracity_workers ORDER BY started_at DESC, id LIMIT :limit
+
+-- name: lock_try
+INSERT INTO veracity_locks (name, owner, expires_at) VALUES (:name, :owner, :now + :ttl_us)
+ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
+WHERE veracity_locks.expires_at <= :now
+RETURNING owner
+
+-- name: lock_release
+DELETE FROM veracity_locks WHERE name = :name AND owner = :owner

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import sqlite3
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,16 +32,29 @@ from veracity.models import (
     HistoryEvent,
     ListCursor,
     NewExecution,
+    Recovered,
     Submitted,
     TransitionResult,
+    WorkerInfo,
+    WorkerRecord,
 )
-from veracity.store._common import claim_sources, late_report_event, owned_sources
+from veracity.store._common import (
+    check_filter,
+    check_new,
+    claim_sources,
+    late_report_event,
+    owned_sources,
+    recover_sources,
+)
 from veracity.store._sql import load_migrations, load_queries
 
 Q = load_queries("veracity.store.sqlite")
 MIGRATIONS = load_migrations("veracity.store.sqlite")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BUSY_TIMEOUT_S = 30.0
+# a single-runner lock whose holder died is free again after this long
+LOCK_TTL = timedelta(minutes=5)
+log = logging.getLogger("veracity.store")
 
 T = TypeVar("T")
 
@@ -81,6 +97,21 @@ def row_to_execution(row: sqlite3.Row) -> Execution:
         lease_expires_at=(
             from_us(row["lease_expires_at"]) if row["lease_expires_at"] is not None else None
         ),
+        history_seq=row["history_seq"],
+    )
+
+
+def row_to_worker(row: sqlite3.Row) -> WorkerRecord:
+    return WorkerRecord(
+        id=row["id"],
+        host=row["host"],
+        pid=row["pid"],
+        deployment_id=row["deployment_id"],
+        ffqns=json.loads(row["ffqns"]),
+        concurrency=row["concurrency"],
+        started_at=from_us(row["started_at"]),
+        last_heartbeat=from_us(row["last_heartbeat"]),
+        stopped_at=from_us(row["stopped_at"]) if row["stopped_at"] is not None else None,
     )
 
 
@@ -103,6 +134,7 @@ def path_from_url(url: str) -> Path:
 
 class SqliteStore:
     backend = "sqlite"
+    supports_notifications = False
 
     def __init__(self, path: Path, clock: Clock) -> None:
         self._path = path
@@ -202,6 +234,8 @@ class SqliteStore:
     # -- executions -----------------------------------------------------------------
 
     async def execution_submit(self, new: NewExecution) -> Submitted:
+        check_new(new)
+
         def work(conn: sqlite3.Connection, now: int) -> Submitted:
             row = conn.execute(
                 Q["execution_insert"],
@@ -242,6 +276,7 @@ class SqliteStore:
     async def execution_list(
         self, filter: ExecutionFilter, *, limit: int, after: ListCursor | None = None
     ) -> list[Execution]:
+        check_filter(filter)
         params = {
             "statuses": _dumps([str(s) for s in filter.statuses]) if filter.statuses else None,
             "ffqn_prefix": filter.ffqn_prefix,
@@ -295,6 +330,24 @@ class SqliteStore:
 
         return await self._run(self._write, work)
 
+    def _late_report(
+        self, conn: sqlite3.Connection, now: int, report: str, claim: Claim, payload: JSON
+    ) -> TransitionResult:
+        got = conn.execute(Q["execution_get"], {"id": str(claim.execution_id)}).fetchone()
+        if got is None:
+            return TransitionResult(False, None, "execution does not exist")
+        late = late_report_event(report, claim, payload, row_to_execution(got))
+        bumped = conn.execute(
+            Q["execution_bump_history"], {"id": str(claim.execution_id)}
+        ).fetchone()
+        self._event(conn, bumped["id"], bumped["history_seq"], "late_report", now, late)
+        log.warning(
+            "late report refused: %s", late["reason"],
+            extra={"domain": "worker", "execution_id": str(claim.execution_id),
+                   "report": report, "owner": claim.owner, "epoch": claim.epoch},
+        )
+        return TransitionResult(False, row_to_execution(bumped), str(late["reason"]))
+
     async def _leave_if_owned(
         self,
         claim: Claim,
@@ -323,16 +376,7 @@ class SqliteStore:
             if row is not None:
                 self._event(conn, row["id"], row["history_seq"], str(to), now, event)
                 return TransitionResult(True, row_to_execution(row))
-            got = conn.execute(Q["execution_get"], {"id": str(claim.execution_id)}).fetchone()
-            if got is None:
-                return TransitionResult(False, None, "execution does not exist")
-            current = row_to_execution(got)
-            late = late_report_event(report, claim, payload, current)
-            bumped = conn.execute(
-                Q["execution_bump_history"], {"id": str(claim.execution_id)}
-            ).fetchone()
-            self._event(conn, bumped["id"], bumped["history_seq"], "late_report", now, late)
-            return TransitionResult(False, row_to_execution(bumped), str(late["reason"]))
+            return self._late_report(conn, now, report, claim, payload)
 
         return await self._run(self._write, work)
 
@@ -367,6 +411,159 @@ class SqliteStore:
             event={"owner": claim.owner, "epoch": claim.epoch, "reason": reason},
             payload={"reason": reason},
         )
+
+    async def execution_complete_many_if_owned(
+        self, owner: str, items: Sequence[tuple[Claim, JSON]]
+    ) -> list[TransitionResult]:
+        if not items:
+            return []
+        if any(claim.owner != owner for claim, _ in items):
+            raise ValueError("every claim of a batch must belong to its owner")
+
+        def work(conn: sqlite3.Connection, now: int) -> list[TransitionResult]:
+            out: list[TransitionResult] = []
+            for claim, result in items:
+                row = conn.execute(
+                    Q["execution_leave_if_owned"],
+                    {
+                        "id": str(claim.execution_id),
+                        "owner": claim.owner,
+                        "epoch": claim.epoch,
+                        "to_status": str(Status.COMPLETED),
+                        "from_states": _dumps(owned_sources(Status.COMPLETED)),
+                        "result": _dumps(result),
+                        "error": None,
+                        "now": now,
+                    },
+                ).fetchone()
+                if row is None:
+                    out.append(self._late_report(conn, now, "complete", claim,
+                                                 {"result": result}))
+                    continue
+                self._event(conn, row["id"], row["history_seq"], "completed", now,
+                            {"owner": claim.owner, "epoch": claim.epoch})
+                out.append(TransitionResult(True, row_to_execution(row)))
+            return out
+
+        return await self._run(self._write, work)
+
+    async def execution_checkpoint_if_owned(
+        self, claim: Claim, kind: str, data: JSON
+    ) -> TransitionResult:
+        def work(conn: sqlite3.Connection, now: int) -> TransitionResult:
+            row = conn.execute(
+                Q["execution_checkpoint_if_owned"],
+                {"id": str(claim.execution_id), "owner": claim.owner, "epoch": claim.epoch,
+                 "now": now},
+            ).fetchone()
+            if row is None:
+                return self._late_report(conn, now, kind, claim, data)
+            self._event(conn, row["id"], row["history_seq"], kind, now, data)
+            return TransitionResult(True, None)
+
+        return await self._run(self._write, work)
+
+    async def lease_renew(
+        self, owner: str, leases: Sequence[Claim], ttl: timedelta
+    ) -> list[Claim]:
+        ttl_us = ttl // timedelta(microseconds=1)
+
+        def work(conn: sqlite3.Connection, now: int) -> list[Claim]:
+            conn.execute(Q["worker_heartbeat"], {"owner": owner, "now": now})
+            renewed: list[Claim] = []
+            for lease in leases:
+                row = conn.execute(
+                    Q["lease_renew"],
+                    {"id": str(lease.execution_id), "epoch": lease.epoch, "owner": owner,
+                     "ttl_us": ttl_us, "now": now},
+                ).fetchone()
+                if row is not None:
+                    renewed.append(Claim(uuid.UUID(row["id"]), owner, row["lease_epoch"]))
+            return renewed
+
+        return await self._run(self._write, work)
+
+    async def execution_recover_expired(
+        self, *, max_attempts: int, limit: int = 1000
+    ) -> list[Recovered]:
+        def work(conn: sqlite3.Connection, now: int) -> list[Recovered]:
+            out: list[Recovered] = []
+            expired = conn.execute(Q["execution_expired"], {"now": now, "limit": limit})
+            for old in expired.fetchall():
+                row = conn.execute(
+                    Q["execution_recover_one"],
+                    {"id": old["id"], "max_attempts": max_attempts, "now": now,
+                     "from_states": _dumps(recover_sources())},
+                ).fetchone()
+                if row is None:
+                    continue
+                self._event(conn, row["id"], row["history_seq"], row["status"], now, {
+                    "reason": "lease expired", "owner": old["lease_owner"],
+                    "epoch": old["lease_epoch"], "attempt": old["attempt"],
+                    "max_attempts": max_attempts,
+                })
+                out.append(Recovered(row_to_execution(row), old["lease_owner"],
+                                     old["lease_epoch"]))
+            return out
+
+        return await self._run(self._write, work)
+
+    # -- workers --------------------------------------------------------------------
+
+    async def worker_register(self, info: WorkerInfo) -> WorkerRecord:
+        def work(conn: sqlite3.Connection, now: int) -> WorkerRecord:
+            row = conn.execute(
+                Q["worker_register"],
+                {"id": info.id, "host": info.host, "pid": info.pid,
+                 "deployment_id": info.deployment_id, "ffqns": _dumps(info.ffqns),
+                 "concurrency": info.concurrency, "now": now},
+            ).fetchone()
+            return row_to_worker(row)
+
+        return await self._run(self._write, work)
+
+    async def worker_stop(self, worker_id: str) -> None:
+        def work(conn: sqlite3.Connection, now: int) -> None:
+            conn.execute(Q["worker_stop"], {"id": worker_id, "now": now}).fetchall()
+
+        await self._run(self._write, work)
+
+    async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
+        rows = await self._run(self._all, "worker_list", {"limit": limit})
+        return [row_to_worker(r) for r in rows]
+
+    async def db_now(self) -> datetime:
+        def work() -> int:
+            return self._now_us(self._c())
+
+        return from_us(await self._run(work))
+
+    # -- coordination ---------------------------------------------------------------
+
+    @asynccontextmanager
+    async def single_runner(self, name: str) -> AsyncIterator[bool]:
+        token = f"{os.getpid()}:{uuid.uuid4().hex}"
+        ttl_us = LOCK_TTL // timedelta(microseconds=1)
+
+        def take(conn: sqlite3.Connection, now: int) -> bool:
+            row = conn.execute(
+                Q["lock_try"], {"name": name, "owner": token, "now": now, "ttl_us": ttl_us}
+            ).fetchone()
+            return row is not None
+
+        def give(conn: sqlite3.Connection, now: int) -> None:
+            conn.execute(Q["lock_release"], {"name": name, "owner": token})
+
+        acquired = await self._run(self._write, take)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                await self._run(self._write, give)
+
+    async def pending_notifications(self) -> AsyncIterator[None]:
+        raise NotImplementedError("SQLite has no notifications; workers poll")
+        yield None  # pragma: no cover - makes this an async generator
 
 
 def _split_statements(script: str) -> list[str]:

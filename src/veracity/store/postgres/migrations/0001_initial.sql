@@ -1,14 +1,16 @@
 -- 0001: executions and their history.
+-- User payloads (params, result, error, history data) are `json`, not `jsonb`: json keeps
+-- the text exactly as given, so numbers such as 1e100 or 0.1000 round-trip unchanged.
 
 CREATE TABLE veracity_executions (
     id               uuid PRIMARY KEY,
     ffqn             text NOT NULL CHECK (char_length(ffqn) BETWEEN 1 AND 512),
-    params           jsonb NOT NULL CHECK (jsonb_typeof(params) = 'array'),
+    params           json NOT NULL CHECK (json_typeof(params) = 'array'),
     status           text NOT NULL CHECK (status IN (
                          'pending', 'running', 'blocked', 'paused',
                          'completed', 'failed', 'failed_transient', 'cancelled')),
-    result           jsonb,
-    error            jsonb,
+    result           json,
+    error            json,
     attempt          integer NOT NULL DEFAULT 1 CHECK (attempt >= 1),
     deployment_id    text NOT NULL CHECK (char_length(deployment_id) BETWEEN 1 AND 128),
     parent_id        uuid REFERENCES veracity_executions (id),
@@ -43,6 +45,6 @@ CREATE TABLE veracity_history (
     seq          integer NOT NULL CHECK (seq >= 1),
     kind         text NOT NULL CHECK (char_length(kind) BETWEEN 1 AND 64),
     at           timestamptz NOT NULL,
-    data         jsonb NOT NULL DEFAULT '{}'::jsonb,
+    data         json NOT NULL DEFAULT '{}'::json,
     PRIMARY KEY (execution_id, seq)
 );

@@ -1,0 +1,48 @@
+"""Retry policies: exponential backoff with jitter (pure; randomness is passed in)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often a failing step is tried, and how long to wait in between.
+
+    ``max_attempts`` counts the first try (1 = no retries). The n-th retry waits
+    ``initial_delay * backoff ** (n - 1)`` seconds, capped at ``max_delay``, then spread by
+    ``± jitter`` (a fraction) so that many failing steps do not retry in lock step.
+    Exceptions of a ``non_retryable`` type fail the step at once.
+    """
+
+    max_attempts: int = 3
+    initial_delay: float = 0.1
+    backoff: float = 2.0
+    max_delay: float = 30.0
+    jitter: float = 0.2
+    non_retryable: tuple[type[BaseException], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.initial_delay < 0 or self.max_delay < 0:
+            raise ValueError("delays must not be negative")
+        if self.backoff < 1:
+            raise ValueError("backoff must be at least 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("jitter is a fraction between 0 and 1")
+
+    def should_retry(self, attempts_made: int, error: BaseException) -> bool:
+        """After ``attempts_made`` tries that ended in ``error``, try again?"""
+        if isinstance(error, self.non_retryable):
+            return False
+        return attempts_made < self.max_attempts
+
+    def delay(self, attempts_made: int, random_unit: float) -> float:
+        """Seconds to wait before the next try; ``random_unit`` is uniform in [0, 1)."""
+        base = min(self.max_delay, self.initial_delay * self.backoff ** (attempts_made - 1))
+        spread = base * self.jitter * (2 * random_unit - 1)
+        return max(0.0, base + spread)
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)

@@ -1,0 +1,88 @@
+"""Lease recovery (seed 002, made durable).
+
+Executions whose lease expired go back to ``pending`` with ``attempt + 1`` (their next run
+resumes from the checkpoints) or, once ``attempt >= max_attempts``, end ``failed_transient``;
+the owner is cleared and the reason recorded in history. One runner per tick across all
+servers (PostgreSQL advisory lock; a lock row on SQLite); a busy lock skips the tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter
+
+from veracity.core.states import Status
+from veracity.store.protocol import Store
+
+log = logging.getLogger("veracity.recovery")
+
+
+@dataclass
+class RecoveryResult:
+    ran: bool
+    """False when another runner held the lock (the tick was skipped)."""
+    retried: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+class RecoveryMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.ticks = Counter("veracity_recovery_ticks", "Recovery ticks by outcome",
+                             ["outcome"], registry=registry)
+        self.actions = Counter("veracity_recovery_actions", "Executions recovered, by action",
+                               ["action"], registry=registry)
+
+
+class RecoveryService:
+    name = "recovery"
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_attempts: int = 5,
+        batch: int = 1000,
+        metrics: RecoveryMetrics | None = None,
+    ) -> None:
+        self.store = store
+        self.max_attempts = max_attempts
+        self.batch = batch
+        self.metrics = metrics
+
+    async def run_once(self) -> RecoveryResult:
+        async with self.store.single_runner(self.name) as acquired:
+            if not acquired:
+                self._count_tick("skipped_lock")
+                log.info("tick skipped: another runner holds the lock",
+                         extra={"domain": self.name})
+                return RecoveryResult(ran=False)
+            result = RecoveryResult(ran=True)
+            while True:
+                recovered = await self.store.execution_recover_expired(
+                    max_attempts=self.max_attempts, limit=self.batch
+                )
+                for item in recovered:
+                    e = item.execution
+                    action = "failed_transient" if e.status == Status.FAILED_TRANSIENT else "retry"
+                    (result.failed if action == "failed_transient" else result.retried).append(
+                        str(e.id)
+                    )
+                    if self.metrics:
+                        self.metrics.actions.labels(action).inc()
+                    log.warning(
+                        "lease expired: %s", action,
+                        extra={"domain": self.name, "execution_id": str(e.id),
+                               "previous_owner": item.previous_owner,
+                               "epoch": item.previous_epoch, "attempt": e.attempt,
+                               "status": str(e.status)},
+                    )
+                if len(recovered) < self.batch:
+                    break
+            self._count_tick("ran")
+            return result
+
+    def _count_tick(self, outcome: str) -> None:
+        if self.metrics:
+            self.metrics.ticks.labels(outcome).inc()

@@ -1,0 +1,70 @@
+"""``veracity worker``: a worker process, stopped gracefully by SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from veracity.config import Settings
+from veracity.errors import ConfigError
+from veracity.runtime import deployment_id_for, load_user_app, redact_url
+from veracity.store import Store, open_store
+from veracity.worker.runner import RateLimitedLog, Worker
+
+log = logging.getLogger("veracity.worker")
+
+
+async def open_store_patiently(settings: Settings, stop: asyncio.Event) -> Store | None:
+    """Open the store, retrying with backoff while the database is unreachable; says so once
+    per interval. None if asked to stop first."""
+    trouble = RateLimitedLog(interval=10.0)
+    delay = 0.2
+    while not stop.is_set():
+        try:
+            return await open_store(settings.database_url,
+                                    pool_size=min(32, settings.worker.concurrency + 4))
+        except ConfigError:
+            raise
+        except Exception as exc:
+            trouble.warning("db", "cannot reach the database %s, retrying: %s",
+                            redact_url(settings.database_url), exc)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+            delay = min(delay * 2, 5.0)
+    return None
+
+
+async def run_worker(settings: Settings) -> int:
+    app = load_user_app(settings)
+    if app is None or not app.workflows:
+        raise ConfigError("a worker needs an app with workflows: set app (VERACITY_APP)")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    worker: Worker | None = None
+
+    def on_signal() -> None:
+        stop.set()
+        if worker is not None:
+            worker.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    store = await open_store_patiently(settings, stop)
+    if store is None:
+        return 0
+    try:
+        worker = Worker(
+            store, app, settings=settings.worker,
+            deployment_id=deployment_id_for(settings, app),
+        )
+        if stop.is_set():
+            return 0
+        print(f"Veracity worker {worker.id} running {len(worker.ffqns)} workflows "
+              f"on {redact_url(settings.database_url)}", flush=True)
+        await worker.run()
+    finally:
+        await store.close()
+    return 0

@@ -1,0 +1,450 @@
+"""The worker: claims executions, runs them under a lease, and writes only while it owns them.
+
+- Claims due pending executions in batches (one statement), up to its free slots.
+- Wakes on LISTEN/NOTIFY where the store has it, and polls anyway, so a lost notification
+  costs latency, never an execution. The database is the queue: nothing is queued in memory.
+- Renews all its leases in one statement every heartbeat interval. An execution missing
+  from the renewal has lost its lease: it is interrupted at its next step boundary, and
+  every write it still attempts is fenced out by the store (and kept as a late report).
+- Completions are batched: those that finish while one batch is being written go out
+  together in the next statement, each still guarded by its own lease.
+- On shutdown it stops claiming, lets in-flight steps finish within the grace period, and
+  releases what is left back to pending at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from veracity._app import App, WorkflowDef
+from veracity.config import WorkerSettings
+from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
+from veracity.store.protocol import Store
+from veracity.worker.context import (
+    Context,
+    ExecutionInterrupted,
+    Journal,
+    NondeterminismError,
+    NotJSONError,
+    to_json_value,
+)
+
+log = logging.getLogger("veracity.worker")
+EXTRA = {"domain": "worker"}
+
+
+class RateLimitedLog:
+    """Says a recurring problem once per interval (with how often it happened), not once
+    per attempt."""
+
+    def __init__(self, interval: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.interval = interval
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warning(self, key: str, message: str, *args: Any) -> bool:
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return False
+        again = self._suppressed.pop(key, 0)
+        self._last[key] = now
+        suffix = f" ({again} more since the last report)" if again else ""
+        log.warning(message + suffix, *args, extra=EXTRA)
+        return True
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def workflow_error(code: str, exc: BaseException | None = None, message: str = "") -> JSON:
+    error: dict[str, JSON] = {"code": code, "message": message or str(exc)}
+    if exc is not None:
+        error["type"] = type(exc).__name__
+        error["traceback"] = "".join(traceback.format_exception(exc))[-4000:]
+    return error
+
+
+@dataclass
+class Run:
+    """One execution this worker is running."""
+
+    execution: Execution
+    claim: Claim
+    ctx: Context | None = None
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Pending:
+    claim: Claim
+    result: JSON
+    future: asyncio.Future[TransitionResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Completer:
+    """Batches completions of one owner into one statement per flush, without delay: the
+    completions that arrive while a flush is in flight form the next batch."""
+
+    def __init__(self, store: Store, owner: str, max_batch: int = 500) -> None:
+        self._store = store
+        self._owner = owner
+        self._max_batch = max_batch
+        self._queue: list[_Pending] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def complete(self, claim: Claim, result: JSON) -> TransitionResult:
+        item = _Pending(claim, result)
+        self._queue.append(item)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await item.future
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            try:
+                outcomes = await self._store.execution_complete_many_if_owned(
+                    self._owner, [(p.claim, p.result) for p in batch]
+                )
+            except Exception as exc:
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                continue
+            for p, outcome in zip(batch, outcomes, strict=True):
+                if not p.future.done():
+                    p.future.set_result(outcome)
+
+
+class Worker:
+    def __init__(
+        self,
+        store: Store,
+        app: App,
+        *,
+        settings: WorkerSettings | None = None,
+        deployment_id: str | None = None,
+        worker_id: str | None = None,
+        ffqns: Sequence[str] | None = None,
+    ) -> None:
+        self.store = store
+        self.app = app
+        self.settings = settings or WorkerSettings()
+        self.deployment_id = deployment_id or app.code_digest()
+        self.id = worker_id or new_worker_id()
+        self.ffqns = sorted(ffqns if ffqns is not None else app.workflows)
+        self.ttl = timedelta(seconds=self.settings.lease_ttl)
+        self.runs: dict[uuid.UUID, Run] = {}
+        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._completer = Completer(store, self.id)
+        self._trouble = RateLimitedLog(interval=max(self.settings.poll_interval, 5.0))
+        self._lease_deadline: dict[uuid.UUID, float] = {}
+        self.claimed_total = 0
+        self.finished_total = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """A hint that work may be waiting (an in-process submission, a notification)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop claiming; :meth:`run` then drains and returns."""
+        self._stopping.set()
+        self._wake.set()
+        self._slot_freed.set()
+
+    async def run(self) -> None:
+        """Register, work until :meth:`stop`, then drain and release."""
+        await self._register()
+        helpers = [asyncio.create_task(self._heartbeat_loop(), name="veracity-heartbeat")]
+        if self.settings.notifications and self.store.supports_notifications:
+            helpers.append(asyncio.create_task(self._listen_loop(), name="veracity-listen"))
+        try:
+            await self._claim_loop()
+        finally:
+            await self._drain()
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            try:
+                await self.store.worker_stop(self.id)
+            except Exception as exc:
+                log.warning("could not record the worker's stop: %s", exc, extra=EXTRA)
+            log.info("worker stopped", extra={**EXTRA, "worker_id": self.id})
+
+    async def _register(self) -> None:
+        info = WorkerInfo(
+            id=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            deployment_id=self.deployment_id,
+            ffqns=self.ffqns,
+            concurrency=self.settings.concurrency,
+        )
+        delay = 0.1
+        while not self._stopping.is_set():
+            try:
+                await self.store.worker_register(info)
+                log.info("worker started", extra={**EXTRA, "worker_id": self.id,
+                                                   "workflows": self.ffqns,
+                                                   "deployment_id": self.deployment_id})
+                return
+            except Exception as exc:
+                self._trouble.warning("db", "database unavailable, retrying: %s", exc)
+                await self._sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake early when stopping."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        delay = 0.1
+        while not self._stopping.is_set():
+            free = self.settings.concurrency - len(self.runs)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            self._wake.clear()  # before the claim: a hint arriving during it is kept
+            try:
+                batch = await self.store.execution_claim(
+                    self.id, self.ffqns, limit=free, lease_ttl=self.ttl
+                )
+            except Exception as exc:
+                self._trouble.warning("db", "claim failed, retrying with backoff: %s", exc)
+                await self._sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.1
+            now = time.monotonic()
+            for execution in batch:
+                self._start(execution, now)
+            if len(batch) == free:
+                continue  # there may be more; claim again as soon as slots allow
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.poll_interval)
+            except TimeoutError:
+                pass
+
+    def _start(self, execution: Execution, claimed_at: float) -> None:
+        claim = Claim(execution.id, self.id, execution.lease_epoch)
+        run = Run(execution, claim)
+        self.runs[execution.id] = run
+        # a conservative local estimate of the lease's end, by the monotonic clock
+        self._lease_deadline[execution.id] = claimed_at + self.settings.lease_ttl
+        self.claimed_total += 1
+        run.task = asyncio.create_task(self._execute(run), name=f"veracity-{execution.id}")
+
+    # -- running ------------------------------------------------------------------------------
+
+    async def _execute(self, run: Run) -> None:
+        execution, claim = run.execution, run.claim
+        try:
+            wf = self.app.get(execution.ffqn)
+            if wf is None:  # cannot happen: we claim only registered names
+                await self._release(claim, "workflow not registered in this worker")
+                return
+            journal = await self._journal(execution)
+            ctx = Context(
+                store=self.store,
+                claim=claim,
+                execution_id=execution.id,
+                deployment_id=execution.deployment_id,
+                attempt=execution.attempt,
+                journal=journal,
+            )
+            run.ctx = ctx
+            await self._run_workflow(wf, run, ctx)
+        except ExecutionInterrupted as stop:
+            await self._interrupted(claim, stop.reason)
+        except asyncio.CancelledError:
+            # forced at the end of the shutdown grace period: give the execution back
+            await asyncio.shield(self._release(claim, "worker shut down"))
+            raise
+        except Exception as exc:  # infrastructure trouble: leave it to lease recovery
+            self._trouble.warning(
+                "run", "execution %s stopped by an infrastructure error: %s", execution.id, exc
+            )
+        finally:
+            self.runs.pop(execution.id, None)
+            self._lease_deadline.pop(execution.id, None)
+            self.finished_total += 1
+            self._slot_freed.set()
+
+    async def _journal(self, execution: Execution) -> Journal:
+        # a first run has only its `pending` and `running` events: nothing to replay
+        if execution.history_seq <= 2:
+            return Journal()
+        return Journal.from_history(await self.store.history_list(execution.id, limit=100_000))
+
+    async def _run_workflow(self, wf: WorkflowDef, run: Run, ctx: Context) -> None:
+        claim = run.claim
+        try:
+            call = wf.fn(ctx, *run.execution.params)
+            if wf.timeout is not None:
+                value = await asyncio.wait_for(call, wf.timeout.total_seconds())
+            else:
+                value = await call
+        except ExecutionInterrupted:
+            raise
+        except TimeoutError as exc:
+            if wf.timeout is not None and ctx.interrupted is None:
+                await self._fail(claim, workflow_error(
+                    "timeout", exc, f"workflow ran longer than its timeout of "
+                    f"{wf.timeout.total_seconds():g}s"))
+                return
+            await self._fail(claim, workflow_error("workflow_error", exc))
+            return
+        except NondeterminismError as exc:
+            await self._fail(claim, workflow_error("nondeterminism", exc))
+            return
+        except NotJSONError as exc:
+            await self._fail(claim, workflow_error("step_result_not_json", exc))
+            return
+        except Exception as exc:
+            await self._fail(claim, workflow_error("workflow_error", exc))
+            return
+        if ctx.interrupted is not None:
+            raise ExecutionInterrupted(ctx.interrupted)
+        try:
+            result = to_json_value(value, "the workflow's result")
+        except NotJSONError as exc:
+            await self._fail(claim, workflow_error("result_not_json", exc))
+            return
+        outcome = await self._write(lambda: self._completer.complete(claim, result), claim)
+        if outcome is not None and not outcome.applied:
+            log.warning("completion refused (%s)", outcome.reason,
+                        extra={**EXTRA, "execution_id": str(claim.execution_id)})
+
+    async def _interrupted(self, claim: Claim, reason: str) -> None:
+        if reason == "lease_lost":
+            log.warning("lease lost; stopped at a step boundary",
+                        extra={**EXTRA, "execution_id": str(claim.execution_id)})
+            return
+        await self._release(claim, reason)
+
+    async def _fail(self, claim: Claim, error: JSON) -> None:
+        await self._write(lambda: self.store.execution_fail_if_owned(claim, error), claim)
+
+    async def _release(self, claim: Claim, reason: str) -> None:
+        try:
+            await self.store.execution_release_if_owned(claim, reason)
+        except Exception as exc:
+            self._trouble.warning("db", "release failed (recovery will take it): %s", exc)
+
+    async def _write(
+        self, attempt: Callable[[], Any], claim: Claim
+    ) -> TransitionResult | None:
+        """A final write (complete/fail), retried through database trouble for as long as
+        our lease can still be valid; after that, lease recovery owns the execution."""
+        delay = 0.05
+        while True:
+            try:
+                result: TransitionResult = await attempt()
+                return result
+            except Exception as exc:
+                deadline = self._lease_deadline.get(claim.execution_id, 0.0)
+                if time.monotonic() + delay >= deadline:
+                    self._trouble.warning(
+                        "db", "giving up a write for %s (its lease has run out): %s",
+                        claim.execution_id, exc)
+                    return None
+                self._trouble.warning("db", "write failed, retrying: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    async def heartbeat(self) -> list[Claim]:
+        """Renew every lease once; interrupt the runs whose lease is gone. Returns the lost."""
+        runs = list(self.runs.values())
+        sent = time.monotonic()
+        renewed = await self.store.lease_renew(self.id, [r.claim for r in runs], self.ttl)
+        kept = {(c.execution_id, c.epoch) for c in renewed}
+        lost: list[Claim] = []
+        for run in runs:
+            key = (run.claim.execution_id, run.claim.epoch)
+            if key in kept:
+                self._lease_deadline[run.claim.execution_id] = sent + self.settings.lease_ttl
+            else:
+                lost.append(run.claim)
+                self._lose(run, "renewal refused")
+        return lost
+
+    def _lose(self, run: Run, why: str) -> None:
+        if run.ctx is not None:
+            run.ctx.interrupt("lease_lost")
+        log.warning("lease lost (%s)", why,
+                    extra={**EXTRA, "execution_id": str(run.claim.execution_id)})
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.effective_heartbeat_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.heartbeat()
+            except Exception as exc:
+                self._trouble.warning("db", "heartbeat failed: %s", exc)
+                # without a renewal, a lease surely ends by our own monotonic estimate
+                now = time.monotonic()
+                for run in list(self.runs.values()):
+                    if self._lease_deadline.get(run.claim.execution_id, 0.0) <= now:
+                        self._lose(run, "not renewed before its end")
+
+    async def _listen_loop(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async for _ in self.store.pending_notifications():
+                    self._wake.set()
+                    delay = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._trouble.warning("listen", "notifications lost, reconnecting: %s", exc)
+            self._wake.set()  # something may have arrived while we were not listening
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # -- shutdown -------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Stop at step boundaries within the grace period; then cancel and release."""
+        runs = list(self.runs.values())
+        if not runs:
+            return
+        log.info("draining %d executions", len(runs), extra=EXTRA)
+        for run in runs:
+            if run.ctx is not None:
+                run.ctx.interrupt("worker shutting down")
+        tasks = [r.task for r in runs if r.task is not None]
+        _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=10)
