@@ -12,6 +12,7 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {platform.platform()}")
     submit.main([])
+    workers.main([])
 
 
 if __name__ == "__main__":

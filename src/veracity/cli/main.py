@@ -40,9 +40,17 @@ class Failure(click.ClickException):
         click.echo(f"error: {self.message}", err=True)
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a command's coroutine, turning known failures into one line and exit 1."""
+def run(coro: Coroutine[Any, Any, T], *, fast_loop: bool = False) -> T:
+    """Run a command's coroutine, turning known failures into one line and exit 1.
+    ``fast_loop`` uses uvloop where it is installed (long-running processes)."""
     try:
+        if fast_loop:
+            try:
+                import uvloop
+            except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+                pass
+            else:
+                return uvloop.run(coro)
         return asyncio.run(coro)
     except VeracityError as exc:
         raise Failure(exc.message) from None
@@ -169,7 +177,7 @@ def worker(config_path: str | None, database_url: str | None, app: str | None,
     settings = settings_from(config_path, database_url=database_url, app=app,
                              **{"worker.concurrency": concurrency})
     setup_logging(settings.log_level)
-    sys.exit(run(run_worker(settings)))
+    sys.exit(run(run_worker(settings), fast_loop=True))
 
 
 @cli.command()

@@ -32,7 +32,7 @@ WITH ins AS (
         coalesce(%(now)s::timestamptz, now()),
         coalesce(%(now)s::timestamptz, now()),
         1)
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING *
 ), ev AS (
     INSERT INTO veracity_history (execution_id, seq, kind, at, data)
@@ -44,8 +44,11 @@ WITH ins AS (
 )
 SELECT * FROM ins
 
--- name: execution_by_idempotency_key
-SELECT * FROM veracity_executions WHERE idempotency_key = %(idempotency_key)s
+-- name: execution_by_key_or_id
+SELECT * FROM veracity_executions
+WHERE idempotency_key = %(idempotency_key)s OR id = %(id)s
+ORDER BY (id = %(id)s) DESC
+LIMIT 1
 
 -- name: execution_get
 SELECT * FROM veracity_executions WHERE id = %(id)s

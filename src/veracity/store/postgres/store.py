@@ -53,6 +53,7 @@ MIGRATION_LOCK_KEY = 0x7665726163697479
 Row = Mapping[str, Any]
 log = logging.getLogger("veracity.store")
 NOTIFY_CHANNEL = "veracity_pending"
+RETRIES = 3  # attempts after a lost connection
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -150,9 +151,32 @@ class PostgresStore:
         return self._clock.now()
 
     async def _fetchall(self, name: str, params: Mapping[str, Any]) -> list[Row]:
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(_q(name), params)
-            return cast(list[Row], await cur.fetchall())
+        """Run one statement. If its connection turns out to be dead (the backend was
+        terminated, the server restarted), check the pool and try again on a fresh one.
+
+        A retried statement is one that did not commit, except in the rare case where the
+        connection died between the commit and its answer: every statement here is safe to
+        repeat then (a repeated fenced write is refused and kept as a late report; a
+        repeated submission finds its own row by id; a lost claim expires and is recovered).
+        """
+        for attempt in range(RETRIES + 1):
+            broken = False
+            try:
+                async with self._pool.connection() as conn:
+                    try:
+                        cur = await conn.execute(_q(name), params)
+                        return cast(list[Row], await cur.fetchall())
+                    except psycopg.OperationalError:
+                        broken = conn.broken or conn.closed
+                        raise
+            except psycopg.OperationalError as exc:
+                if not broken or attempt == RETRIES:
+                    raise
+                log.warning("database connection lost (%s); retrying on a new one",
+                            str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
+                            extra={"domain": "store"})
+                await self._pool.check()
+        raise AssertionError("unreachable")
 
     async def _fetchone(self, name: str, params: Mapping[str, Any]) -> Row | None:
         rows = await self._fetchall(name, params)
@@ -195,19 +219,19 @@ class PostgresStore:
             "scheduled_at": new.scheduled_at,
             "now": self._now(),
         }
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(_q("execution_submit"), params)
-            row = await cur.fetchone()
-            if row is not None:
-                return Submitted(row_to_execution(row), True, new.request_digest)
-            # the idempotency key exists: ON CONFLICT waited for its inserter to commit
-            cur = await conn.execute(
-                _q("execution_by_idempotency_key"), {"idempotency_key": new.idempotency_key}
-            )
-            row = await cur.fetchone()
+        row = await self._fetchone("execution_submit", params)
+        if row is not None:
+            return Submitted(row_to_execution(row), True, new.request_digest)
+        # a conflict: the idempotency key exists (ON CONFLICT waited for its inserter to
+        # commit), or this very insert committed before a lost connection made us repeat it
+        row = await self._fetchone(
+            "execution_by_key_or_id",
+            {"idempotency_key": new.idempotency_key, "id": new.id},
+        )
         if row is None:  # pragma: no cover - the conflicting row cannot vanish (no deletes)
-            raise RuntimeError("idempotency conflict without an existing execution")
-        return Submitted(row_to_execution(row), False, row["request_digest"])
+            raise RuntimeError("insert conflict without an existing execution")
+        ours = row["id"] == new.id
+        return Submitted(row_to_execution(row), ours, row["request_digest"])
 
     async def execution_get(self, execution_id: uuid.UUID) -> Execution | None:
         row = await self._fetchone("execution_get", {"id": execution_id})

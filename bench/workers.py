@@ -1,0 +1,202 @@
+"""Workers on PostgreSQL: throughput, submit-to-start latency, and recovery after kill -9.
+
+- throughput: N no-op executions inserted up front, then 1 (and 2) ``veracity worker``
+  processes; the rate is N over the time from the first claim to the last completion, both
+  read from the database's own timestamps.
+- latency: one idle worker; executions submitted one at a time; submit-to-start is the
+  ``running`` event's time minus ``created_at`` (both the database clock).
+- recovery: executions in the middle of slow steps, the worker killed with SIGKILL, a second
+  worker and a recovery loop running; the time from the kill to all finished, against
+  TTL + recovery interval + 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+
+from bench._util import scratch_pg_database, veracity_bin
+from veracity._ids import new_execution_id
+from veracity.core.states import Status
+from veracity.models import ExecutionFilter, NewExecution
+from veracity.services.recovery import RecoveryService
+from veracity.store import open_store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def worker_procs(url: str, n: int, **env: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    full = dict(os.environ, VERACITY_DATABASE_URL=url, VERACITY_APP="bench.apps:app",
+                PYTHONPATH=str(ROOT), VERACITY_LOG_LEVEL="warning", **env)
+    procs = [subprocess.Popen([veracity_bin(), "worker"], env=full,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+async def migrate(url: str) -> None:
+    store = await open_store(url)
+    await store.migrate()
+    await store.close()
+
+
+def insert_noops(url: str, n: int) -> None:
+    """Bulk-insert pending executions (and their creation events) in one statement."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            """
+            WITH ins AS (
+                INSERT INTO veracity_executions (id, ffqn, params, status, deployment_id,
+                    scheduled_at, created_at, updated_at, history_seq)
+                SELECT gen_random_uuid(), 'bench:noop/run.fn', '[]', 'pending', 'bench',
+                       now(), now(), now(), 1
+                FROM generate_series(1, %s)
+                RETURNING id, created_at
+            )
+            INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+            SELECT id, 1, 'pending', created_at, '{}' FROM ins
+            """,
+            [n],
+        )
+
+
+def wait_done(url: str, n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM veracity_executions WHERE status = 'completed'"
+            ).fetchone()
+            if row and row[0] >= n:
+                return
+            time.sleep(0.2)
+    raise SystemExit(f"not all {n} executions completed within {timeout}s")
+
+
+def throughput(workers: int, n: int, concurrency: int) -> float:
+    with scratch_pg_database() as url:
+        asyncio.run(migrate(url))
+        insert_noops(url, n)
+        with worker_procs(url, workers, VERACITY_WORKER_CONCURRENCY=str(concurrency)):
+            wait_done(url, n, timeout=300)
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "SELECT extract(epoch FROM max(updated_at) - "
+                "(SELECT min(at) FROM veracity_history WHERE kind = 'running')) "
+                "FROM veracity_executions"
+            ).fetchone()
+            assert row is not None
+            completed = conn.execute(
+                "SELECT count(*) FROM veracity_history WHERE kind = 'completed'"
+            ).fetchone()
+            assert completed == (n,), completed
+            return n / float(row[0])
+
+
+async def _latency(url: str, samples: int) -> list[float]:
+    store = await open_store(url)
+    try:
+        ids = []
+        for _ in range(samples):
+            sub = await store.execution_submit(NewExecution(
+                ffqn="bench:noop/run.fn", params=[], deployment_id="bench",
+                id=new_execution_id()))
+            ids.append(sub.execution.id)
+            await asyncio.sleep(0.01)  # one at a time, to an idle worker
+        await asyncio.sleep(1.0)
+    finally:
+        await store.close()
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM h.at - e.created_at) FROM veracity_executions e "
+            "JOIN veracity_history h ON h.execution_id = e.id AND h.kind = 'running' "
+            "WHERE e.id = ANY(%s)", [ids]
+        ).fetchall()
+    return sorted(float(r[0]) * 1000 for r in rows)
+
+
+def latency(samples: int) -> tuple[float, float, float, int]:
+    with scratch_pg_database() as url:
+        asyncio.run(migrate(url))
+        with worker_procs(url, 1):
+            time.sleep(1.5)  # let it start and go idle
+            values = asyncio.run(_latency(url, samples))
+    q = statistics.quantiles(values, n=100, method="inclusive")
+    return q[49], q[94], q[98], len(values)
+
+
+async def _recovery(url: str, ttl: float, interval: float, n: int) -> float:
+    store = await open_store(url)
+    try:
+        for _ in range(n):
+            await store.execution_submit(NewExecution(
+                ffqn="bench:slow/run.fn", params=[40, 0.05], deployment_id="bench",
+                id=new_execution_id()))
+        env = {"VERACITY_LEASE_TTL": str(ttl), "VERACITY_WORKER_CONCURRENCY": str(n)}
+        with worker_procs(url, 1, **env) as (victim,):
+            await asyncio.sleep(0.8)  # everything claimed and mid-steps
+            victim.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+        with worker_procs(url, 1, **env):
+            recovery = RecoveryService(store, max_attempts=5)
+            while True:
+                await recovery.run_once()
+                done = await store.execution_list(
+                    ExecutionFilter(statuses=(Status.COMPLETED,)), limit=n)
+                if len(done) == n:
+                    return time.monotonic() - killed
+                await asyncio.sleep(interval)
+    finally:
+        await store.close()
+
+
+def recovery(ttl: float, interval: float, n: int) -> float:
+    with scratch_pg_database() as url:
+        asyncio.run(migrate(url))
+        return asyncio.run(_recovery(url, ttl, interval, n))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--executions", type=int, default=20000)
+    parser.add_argument("--concurrency", type=int, default=128)
+    parser.add_argument("--samples", type=int, default=500)
+    args = parser.parse_args(argv)
+    for n_workers in (1, 2):
+        rate = throughput(n_workers, args.executions, args.concurrency)
+        print(f"workers  postgresql  {n_workers} worker process(es), concurrency "
+              f"{args.concurrency}: {rate:,.0f} no-op executions/s ({args.executions})")
+    p50, p95, p99, count = latency(args.samples)
+    print(f"workers  postgresql  submit-to-start, idle worker ({count} samples): "
+          f"p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms")
+    ttl, interval = 3.0, 1.0
+    took = recovery(ttl, interval, 50)
+    print(f"workers  postgresql  kill -9 to all 50 finished: {took:.2f} s "
+          f"(TTL {ttl:g} s + recovery interval {interval:g} s + 1 s = {ttl + interval + 1:g} s)")
+
+
+
+if __name__ == "__main__":
+    main()
