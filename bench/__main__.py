@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from bench import submit
+from bench import submit, workers
 
 
 def main() -> None:

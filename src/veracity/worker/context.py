@@ -17,7 +17,7 @@ import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from veracity.core.retry import RetryPolicy
 from veracity.models import JSON, Claim, HistoryEvent
@@ -156,12 +156,15 @@ class Context:
 
     # -- the workflow API --------------------------------------------------------------
 
+    @overload
     async def step(
-        self,
-        fn: Callable[P, Awaitable[R]] | Callable[P, R],
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> R:
+        self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
+
+    @overload
+    async def step(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    async def step(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` once, durably: its JSON result (or its error) is
         checkpointed, and on replay the recorded outcome is returned without running it.
 
@@ -169,7 +172,7 @@ class Context:
         the worker. Retries follow the default :class:`RetryPolicy`; use
         :meth:`step_with` to choose another policy or name.
         """
-        return cast(R, await self._step(fn, args, kwargs, None, None))
+        return await self._step(fn, args, kwargs, None, None)
 
     async def step_with(
         self,
