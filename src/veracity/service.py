@@ -32,6 +32,7 @@ from veracity.store.protocol import Store
 MAX_LIST_LIMIT = 1000
 MAX_HISTORY_LIMIT = 10_000
 MAX_IDEMPOTENCY_KEY = 256
+MAX_JSON_DEPTH = 128
 # PostgreSQL's timestamptz ends at 294276 AD; keep far from both ends of every backend
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
@@ -104,6 +105,19 @@ def check_time(name: str, value: datetime | None) -> None:
         raise InvalidInput(f"{name} must be between 1970 and 9999", code="invalid_time")
 
 
+def check_depth(what: str, value: JSON) -> None:
+    """Refuse JSON nested deeper than MAX_JSON_DEPTH (it could be stored, but not served)."""
+    stack: list[tuple[JSON, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidInput(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels",
+                                   code="invalid_json")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
 class ExecutionService:
     def __init__(
         self,
@@ -134,6 +148,7 @@ class ExecutionService:
             )
 
     def _check_payload(self, what: str, value: JSON) -> None:
+        check_depth(what, value)
         try:
             encoded = canonical_json(value).encode()
         except (TypeError, ValueError) as exc:
@@ -157,6 +172,9 @@ class ExecutionService:
             raise InvalidInput("params must be a JSON array", code="invalid_params")
         param_list = list(params)
         self._check_payload("params", param_list)
+        if idempotency_key is not None and "\x00" in idempotency_key:
+            raise InvalidInput("idempotency_key must not contain NUL characters",
+                               code="invalid_idempotency_key")
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
             raise InvalidInput(
                 f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",

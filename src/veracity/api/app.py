@@ -26,7 +26,7 @@ from veracity.api.schemas import (
     WorkerPage,
 )
 from veracity.core.states import Status
-from veracity.errors import InvalidInput
+from veracity.errors import BadRequest, InvalidInput
 from veracity.models import ExecutionFilter
 from veracity.service import ExecutionService
 
@@ -127,8 +127,8 @@ def create_api(
     async def list_executions(
         service: Service,
         status: Annotated[list[str] | None, Query(description="Repeat or comma-separate")] = None,
-        ffqn_prefix: Annotated[str | None, Query(max_length=512)] = None,
-        deployment_id: Annotated[str | None, Query(max_length=128)] = None,
+        ffqn_prefix: Annotated[str | None, Query(max_length=512, pattern=r"^[^\x00]*$")] = None,
+        deployment_id: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -173,9 +173,9 @@ def create_api(
     ) -> HistoryPage:
         after_seq = 0
         if cursor is not None:
-            if not (cursor.isascii() and cursor.isdigit()):
-                raise InvalidInput("cursor must be a next_cursor value from this endpoint",
-                                   code="invalid_cursor")
+            if not (cursor.isascii() and cursor.isdigit()) or int(cursor) > 2**31 - 1:
+                raise BadRequest("cursor must be a next_cursor value from this endpoint",
+                                 code="invalid_cursor")
             after_seq = int(cursor)
         events = await service.history(execution_id, after_seq=after_seq, limit=limit + 1)
         page = events[:limit]

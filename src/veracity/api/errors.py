@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from veracity.errors import VeracityError
 
@@ -27,16 +28,27 @@ _HTTP_CODES = {
 }
 
 
-def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
     body: dict[str, Any] = {"code": code, "message": message}
     body.update(extra)
-    return JSONResponse({"error": body}, status_code=status)
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
 def _describe(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",))
     msg = str(err.get("msg", "invalid"))
     return f"{loc}: {msg}" if loc else msg
+
+
+def _allowed_methods(request: Request) -> set[str]:
+    methods: set[str] = set()
+    for route in request.app.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return methods
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -57,9 +69,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(422, "invalid_input", message, details=details)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # a 405 must say which methods are allowed; one path may have several routes
+            headers["Allow"] = ", ".join(sorted(_allowed_methods(request)))
+        return error_response(exc.status_code, code, str(exc.detail), headers=headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from veracity.core.states import Status
 from veracity.models import Execution, HistoryEvent
 from veracity.service import WorkerView
+
+
+def _time_text(value: Any) -> Any:
+    """Times are ISO 8601 strings; a bare number is refused rather than taken for a Unix
+    timestamp."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError("must be an ISO 8601 time string, e.g. 2030-01-01T00:00:00Z")
+    return value
 
 
 class SubmitRequest(BaseModel):
@@ -23,7 +31,7 @@ class SubmitRequest(BaseModel):
         max_length=256,
         description="Submitting again with the same key returns the same execution",
     )
-    scheduled_at: AwareDatetime | None = Field(
+    scheduled_at: Annotated[AwareDatetime | None, BeforeValidator(_time_text)] = Field(
         default=None, description="Not claimable before this time (default: now)"
     )
 

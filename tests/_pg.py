@@ -1,0 +1,373 @@
+"""PostgreSQL helpers for the test suite (no pytest here, so they can be reused by scripts).
+
+* :func:`server_answers` / :func:`find_pg_bin_dir` decide where the tests get a server.
+* :class:`TempCluster` is a throwaway cluster in a temporary folder on a free port.
+* :func:`create_database_from_template` / :func:`drop_database` give each test its own
+  database, cloned from a template that was migrated once per session.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+URL_ENV = "VERACITY_TEST_DATABASE_URL"
+PG_SYSTEM_USER = "postgres"
+_PG_LIB_ROOT = Path("/usr/lib/postgresql")
+_TMPFS = Path("/dev/shm")
+_TMPFS_MIN_FREE = 1 << 30
+
+
+class ClusterError(RuntimeError):
+    """A throwaway cluster could not be set up (the message is meant for the user)."""
+
+
+def server_answers(url: str) -> bool:
+    """True if a PostgreSQL server accepts a connection at *url* (3 s timeout)."""
+    try:
+        with psycopg.connect(url, connect_timeout=3, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
+
+
+def _has_server_binaries(bin_dir: Path) -> bool:
+    return all(os.access(bin_dir / name, os.X_OK) for name in ("initdb", "pg_ctl", "postgres"))
+
+
+def _version_key(path: Path) -> tuple[int, ...]:
+    """``/usr/lib/postgresql/15/bin`` -> ``(15,)``; non-numeric versions sort last."""
+    parts = re.findall(r"\d+", path.parent.name)
+    return tuple(int(p) for p in parts) if parts else (-1,)
+
+
+def find_pg_bin_dir() -> Path | None:
+    """The folder holding ``initdb`` and ``pg_ctl``: from PATH first, then the newest
+    ``/usr/lib/postgresql/*/bin`` (Debian/Ubuntu keep them off PATH)."""
+    initdb = shutil.which("initdb")
+    if initdb is not None:
+        bin_dir = Path(initdb).resolve().parent
+        if _has_server_binaries(bin_dir):
+            return bin_dir
+    candidates = sorted(_PG_LIB_ROOT.glob("*/bin"), key=_version_key, reverse=True)
+    for bin_dir in candidates:
+        if _has_server_binaries(bin_dir):
+            return bin_dir
+    return None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def default_cluster_parent() -> Path:
+    """Where throwaway clusters live: ``/dev/shm`` (tmpfs) when it has at least 1 GiB free,
+    as cloning a database there takes ~15 ms instead of hundreds on a slow disk; otherwise
+    the usual temporary folder."""
+    try:
+        st = os.statvfs(_TMPFS)
+        if os.access(_TMPFS, os.W_OK | os.X_OK) and st.f_bavail * st.f_frsize >= _TMPFS_MIN_FREE:
+            return _TMPFS
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir())
+
+
+@dataclass(frozen=True)
+class _RunAs:
+    uid: int
+    gid: int
+    name: str
+
+
+def _run_as() -> _RunAs | None:
+    """Who runs initdb/pg_ctl: ``None`` for the current user, the ``postgres`` system user
+    when we are root (PostgreSQL refuses to run as root)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(PG_SYSTEM_USER)
+    except KeyError:
+        raise ClusterError(
+            f"running as root, PostgreSQL's initdb/pg_ctl must run as another user, and "
+            f"there is no {PG_SYSTEM_USER!r} system user (create one, run the tests as a "
+            f"normal user, or set {URL_ENV})"
+        ) from None
+    return _RunAs(uid=entry.pw_uid, gid=entry.pw_gid, name=entry.pw_name)
+
+
+class TempCluster:
+    """A throwaway PostgreSQL cluster: trust auth, 127.0.0.1 on a free port, unix socket
+    inside its folder, fsync off. ``stop()`` removes the folder (also called at exit).
+
+    The folder goes under *parent* (default: :func:`default_cluster_parent`). When run as
+    root, initdb/pg_ctl run as the ``postgres`` system user, who must be able to enter
+    *parent*; the folder itself is chowned to that user."""
+
+    def __init__(
+        self,
+        bin_dir: Path | None = None,
+        *,
+        parent: Path | None = None,
+        superuser: str = "postgres",
+    ) -> None:
+        found = bin_dir or find_pg_bin_dir()
+        if found is None:
+            raise ClusterError("PostgreSQL server binaries (initdb, pg_ctl) were not found")
+        self.bin_dir = found
+        self.parent = parent
+        self.superuser = superuser
+        self.folder: Path | None = None
+        self.port: int | None = None
+        self._run_as: _RunAs | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        assert self.folder is not None, "cluster not started"
+        return self.folder / "data"
+
+    @property
+    def log_file(self) -> Path:
+        assert self.folder is not None, "cluster not started"
+        return self.folder / "postgres.log"
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise ClusterError("cluster not started")
+        return f"postgresql://{quote(self.superuser)}@127.0.0.1:{self.port}/postgres"
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self, *, attempts: int = 3) -> TempCluster:
+        if self.folder is not None:
+            raise ClusterError("cluster already started")
+        self._run_as = _run_as()
+        parent = self.parent or default_cluster_parent()
+        self.folder = Path(tempfile.mkdtemp(prefix="veracity-pg-", dir=parent))
+        atexit.register(self.stop)
+        try:
+            if self._run_as is not None:
+                os.chown(self.folder, self._run_as.uid, self._run_as.gid)
+            self._initdb()
+            last_error = ""
+            for _ in range(attempts):
+                port = free_port()
+                result = self._run(
+                    "pg_ctl",
+                    "start",
+                    "-w",
+                    "-t",
+                    "60",
+                    "-D",
+                    str(self.data_dir),
+                    "-l",
+                    str(self.log_file),
+                    "-o",
+                    f"-p {port}",
+                )
+                if result.returncode == 0:
+                    self.port = port
+                    return self
+                # Most likely someone took the port between free_port() and bind: retry.
+                last_error = self._describe_failure(result)
+            raise ClusterError(f"pg_ctl start failed: {last_error}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop the server (immediate mode) and remove the folder. Idempotent."""
+        folder = self.folder
+        atexit.unregister(self.stop)
+        if folder is None:
+            return
+        data_dir = folder / "data"
+        try:
+            if (data_dir / "postmaster.pid").exists():
+                result = self._run(
+                    "pg_ctl", "stop", "-w", "-t", "30", "-m", "immediate", "-D", str(data_dir)
+                )
+                if result.returncode != 0:
+                    _kill_postmaster(data_dir)
+        finally:
+            self.folder = None
+            self.port = None
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def __enter__(self) -> TempCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _initdb(self) -> None:
+        result = self._run(
+            "initdb",
+            "-D",
+            str(self.data_dir),
+            "-U",
+            self.superuser,
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
+        if result.returncode != 0:
+            raise ClusterError(f"initdb failed: {self._describe_failure(result)}")
+        assert self.folder is not None
+        settings = {
+            "listen_addresses": "'127.0.0.1'",
+            "unix_socket_directories": _conf_quote(str(self.folder)),
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "max_connections": "200",
+        }
+        with (self.data_dir / "postgresql.conf").open("a", encoding="utf-8") as conf:
+            conf.write("\n# veracity test cluster\n")
+            conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+
+    def _run(self, program: str, *args: str) -> subprocess.CompletedProcess[str]:
+        assert self.folder is not None
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["LC_ALL"] = "C"
+        kwargs: dict[str, Any] = {}
+        if self._run_as is not None:
+            env["HOME"] = str(self.folder)
+            env["USER"] = env["LOGNAME"] = self._run_as.name
+            kwargs = {"user": self._run_as.uid, "group": self._run_as.gid, "extra_groups": []}
+        return subprocess.run(
+            [str(self.bin_dir / program), *args],
+            cwd=self.folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            **kwargs,
+        )
+
+    def _describe_failure(self, result: subprocess.CompletedProcess[str]) -> str:
+        text = (result.stderr or result.stdout or "").strip()
+        with contextlib.suppress(OSError):
+            if self.folder is not None and self.log_file.exists():
+                tail = self.log_file.read_text(errors="replace").strip().splitlines()[-5:]
+                text = "; ".join([text, *tail]) if text else "; ".join(tail)
+        return " ".join(text.split()) or f"exit status {result.returncode}"
+
+
+def _conf_quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _kill_postmaster(data_dir: Path) -> None:
+    """Last resort when ``pg_ctl stop`` failed: SIGQUIT the postmaster from its pid file."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        pid = int((data_dir / "postmaster.pid").read_text().splitlines()[0])
+        os.kill(pid, signal.SIGQUIT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)  # raises ProcessLookupError (an OSError) once it is gone
+            time.sleep(0.05)
+
+
+# -- databases --------------------------------------------------------------------------
+
+
+def with_database(url: str, dbname: str) -> str:
+    """*url* with its database name replaced by *dbname* (other parts and query params
+    kept; a ``dbname`` query parameter, which would win over the path, is dropped)."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "dbname"]
+    return urlunsplit(
+        (parts.scheme, parts.netloc, "/" + quote(dbname, safe=""), urlencode(query), parts.fragment)
+    )
+
+
+def _admin_connect(server_url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(server_url, autocommit=True, connect_timeout=10)
+
+
+def create_database(server_url: str, name: str) -> None:
+    """``CREATE DATABASE name`` (from the server's default template)."""
+    with _admin_connect(server_url) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def create_database_from_template(
+    server_url: str, name: str, template: str, *, busy_timeout: float = 10.0
+) -> None:
+    """``CREATE DATABASE name TEMPLATE template STRATEGY FILE_COPY`` (no STRATEGY before
+    PostgreSQL 15). FILE_COPY copies the files with one checkpoint instead of WAL-logging
+    every block, which is the fast path for small databases.
+
+    Retries while the template is still "being accessed by other users" (a just-closed
+    connection whose backend has not exited yet).
+    """
+    with _admin_connect(server_url) as conn:
+        if conn.info.server_version >= 150000:
+            stmt = sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY")
+        else:
+            stmt = sql.SQL("CREATE DATABASE {} TEMPLATE {}")
+        query = stmt.format(sql.Identifier(name), sql.Identifier(template))
+        deadline = time.monotonic() + busy_timeout
+        while True:
+            try:
+                conn.execute(query)
+                return
+            except pg_errors.ObjectInUse:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
+
+
+def drop_database(server_url: str, name: str) -> None:
+    """``DROP DATABASE IF EXISTS name WITH (FORCE)``: connections left open are
+    terminated (before PostgreSQL 13, terminated by hand first)."""
+    with _admin_connect(server_url) as conn:
+        if conn.info.server_version >= 130000:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+        else:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def database_exists(server_url: str, name: str) -> bool:
+    with _admin_connect(server_url) as conn:
+        row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        return row is not None

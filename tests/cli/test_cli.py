@@ -1,0 +1,272 @@
+"""The ``veracity`` command line, run as a real process against real databases.
+
+Each process costs about half a second of CPU, so independent commands run side by side
+(which also makes two concurrent ``submit``s with one idempotency key part of the test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tests.api.conftest import stable
+from tests.conftest import run_async
+
+APP = "veracity.examples.shop:app"
+ORDERS = "shop:orders/process.run"
+MAIL = "shop:mail/send.run"
+MONITOR = "shop:monitor/stock.run-cancellable"
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"
+
+_found = shutil.which("veracity", path=str(Path(sys.executable).parent))
+assert _found is not None, "the veracity console script is not installed in this venv"
+VERACITY: str = _found
+
+Result = subprocess.CompletedProcess[str]
+
+
+def base_env(database_url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERACITY_")}
+    env["VERACITY_DATABASE_URL"] = database_url
+    env["VERACITY_APP"] = APP
+    return env
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path) -> Result:
+    return subprocess.run([VERACITY, *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def run_all(calls: dict[str, tuple[list[str], dict[str, str], Path]]) -> dict[str, Result]:
+    """Run independent commands side by side."""
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = {name: pool.submit(run, *call) for name, call in calls.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def ok(result: Result) -> str:
+    assert result.returncode == 0, (result.args, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stdout
+
+
+def ok_json(result: Result) -> Any:
+    return json.loads(ok(result))
+
+
+def assert_failure(result: Result, *fragments: str) -> str:
+    """Exit 1 with one line on stderr starting ``error:``, nothing on stdout."""
+    assert result.returncode == 1, (result.args, result.returncode, result.stdout,
+                                    result.stderr)
+    err = result.stderr.strip()
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(err.splitlines()) == 1, result.stderr
+    assert err.startswith("error: "), result.stderr
+    assert result.stdout == "", result.stdout
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    return err
+
+
+def assert_usage_error(result: Result, *fragments: str) -> None:
+    """Exit 2 with click's usage message, no traceback."""
+    assert result.returncode == 2, (result.args, result.returncode, result.stdout,
+                                    result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "Usage:" in result.stderr and "Error:" in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+
+
+def table_field(output: str, name: str) -> str:
+    """The value on the ``name  value`` line of a key/value table."""
+    for line in output.splitlines():
+        if line.startswith(name + " ") and line[len(name):].startswith("  "):
+            return line[len(name):].strip()
+    raise AssertionError(f"no {name!r} line in:\n{output}")
+
+
+def test_commands_on_a_real_database(database_url: str, tmp_path: Path) -> None:
+    env = base_env(database_url)
+
+    def call(*args: str) -> tuple[list[str], dict[str, str], Path]:
+        return list(args), env, tmp_path
+
+    key_args = ["--params", '["a@example.com", "hi"]', "--idempotency-key", "mail-1",
+                "--scheduled-at", "2030-01-01T00:00:00Z"]
+    first = run_all({
+        "migrate": call("migrate"),
+        "table": call("submit", ORDERS, '"o-1"', "250"),
+        "keyed": call("submit", "--json", MAIL, *key_args),
+        "keyed-again": call("submit", "--json", MAIL, *key_args),
+        "monitor": call("submit", MONITOR, '"sku-1"', "--json"),
+    })
+    assert "up to date" in ok(first["migrate"])
+
+    out = ok(first["table"])
+    match = re.search(r"^submitted: ([0-9a-f-]{36})$", out, re.MULTILINE)
+    assert match, out
+    order_id = match.group(1)
+    assert table_field(out, "id") == order_id
+    assert table_field(out, "ffqn") == ORDERS
+    assert table_field(out, "status") == "pending"
+    assert json.loads(table_field(out, "params")) == ["o-1", 250]
+
+    keyed = ok_json(first["keyed"])
+    assert keyed["status"] == "pending"
+    assert keyed["ffqn"] == MAIL
+    assert keyed["params"] == ["a@example.com", "hi"]
+    assert keyed["idempotency_key"] == "mail-1"
+    assert keyed["scheduled_at"].startswith("2030-01-01T00:00:00")
+    assert {"id", "result", "error", "attempt", "deployment_id", "parent_id", "created_at",
+            "updated_at"} <= keyed.keys()
+    # two processes submitting with one key at the same time: one execution
+    assert ok_json(first["keyed-again"])["id"] == keyed["id"]
+    monitor = ok_json(first["monitor"])
+    assert monitor["params"] == ["sku-1"]
+    assert monitor["status"] == "pending"
+    ids = {order_id, keyed["id"], monitor["id"]}
+    assert len(ids) == 3
+
+    second = run_all({
+        "again": call("submit", MAIL, *key_args),
+        "get": call("get", order_id),
+        "get-json": call("get", keyed["id"], "--json"),
+        "list": call("list"),
+        "running": call("list", "--json", "--status", "running", "--status", "paused"),
+        "page-1": call("list", "--json", "--status", "pending", "--limit", "2"),
+        "history-json": call("history", order_id, "--json"),
+        "history": call("history", order_id),
+    })
+    again = ok(second["again"])
+    assert f"already submitted (same idempotency key): {keyed['id']}" in again
+
+    got = ok(second["get"])
+    assert table_field(got, "id") == order_id
+    assert table_field(got, "status") == "pending"
+    assert table_field(got, "ffqn") == ORDERS
+    assert stable(ok_json(second["get-json"])) == stable(keyed)
+
+    listing = ok(second["list"]).splitlines()
+    assert listing[0].split()[:6] == ["ID", "FFQN", "STATUS", "ATTEMPT", "CREATED", "AT"]
+    assert {line.split()[0] for line in listing[1:]} == ids
+    assert all(line.split()[2] == "pending" for line in listing[1:])
+
+    assert ok_json(second["running"]) == {"items": [], "next_cursor": None}
+
+    page_1 = ok_json(second["page-1"])
+    assert set(page_1) == {"items", "next_cursor"}
+    assert len(page_1["items"]) == 2
+    assert page_1["next_cursor"]
+
+    history = ok_json(second["history-json"])
+    assert [(e["seq"], e["kind"]) for e in history["items"]] == [(1, "pending")]
+    assert history["next_cursor"] is None
+    lines = ok(second["history"]).splitlines()
+    assert lines[0].split()[:3] == ["SEQ", "AT", "KIND"]
+    assert lines[1].split()[0] == "1" and "pending" in lines[1]
+
+    page_2 = ok_json(run(["list", "--json", "--status", "pending", "--limit", "2",
+                          "--cursor", page_1["next_cursor"]], env, tmp_path))
+    assert len(page_2["items"]) == 1
+    assert page_2["next_cursor"] is None
+    walked = [e["id"] for e in page_1["items"] + page_2["items"]]
+    assert set(walked) == ids and len(walked) == 3
+    # newest first
+    created = [e["created_at"] for e in page_1["items"] + page_2["items"]]
+    assert created == sorted(created, reverse=True)
+
+
+async def _count(url: str) -> int:
+    from veracity.models import ExecutionFilter
+    from veracity.store import open_store
+
+    store = await open_store(url)
+    try:
+        return len(await store.execution_list(ExecutionFilter(), limit=1000))
+    finally:
+        await store.close()
+
+
+def test_errors_and_exit_codes(sqlite_url: str, tmp_path: Path) -> None:
+    env = base_env(sqlite_url)
+    bad_toml = tmp_path / "bad-toml"
+    bad_toml.mkdir()
+    (bad_toml / "veracity.toml").write_text('app = "veracity.examples.shop:app"\nport = = 3\n')
+    bad_value = tmp_path / "bad-value"
+    bad_value.mkdir()
+    (bad_value / "veracity.toml").write_text('# settings\n\n[worker]\nconcurrency = 0\n')
+    fresh = f"sqlite:///{tmp_path}/fresh.db"
+    unknown = str(uuid.uuid4())
+
+    def call(*args: str, cwd: Path = tmp_path,
+             **env_over: str) -> tuple[list[str], dict[str, str], Path]:
+        return list(args), {**env, **env_over}, cwd
+
+    results = run_all({
+        # exit 1: errors
+        "unknown-id": call("get", unknown),
+        "malformed-id": call("get", "not-an-id"),
+        "malformed-id-history": call("history", "1234"),
+        "unknown-workflow": call("submit", "shop:orders/process.nope", '"o-1"'),
+        "invalid-ffqn": call("submit", "Not A Name"),
+        "too-early": call("submit", ORDERS, '"o"', "--scheduled-at", "1900-01-01T00:00:00Z"),
+        "bad-cursor": call("list", "--cursor", "garbage"),
+        "unreachable": call("list", VERACITY_DATABASE_URL=UNREACHABLE),
+        "bad-toml": call("list", cwd=bad_toml),
+        "bad-value": call("list", cwd=bad_value),
+        "bad-url": call("list", VERACITY_DATABASE_URL="mysql://x/y"),
+        # exit 2: usage
+        "unknown-option": call("list", "--bogus"),
+        "unknown-command": call("frobnicate"),
+        "limit-0": call("list", "--limit", "0"),
+        "non-json-param": call("submit", ORDERS, "o-1"),
+        "params-not-array": call("submit", ORDERS, "--params", '{"order_id": "o-1"}'),
+        "params-and-args": call("submit", ORDERS, '"o-1"', "--params", '["o-1"]'),
+        "bad-time": call("submit", ORDERS, '"o"', "--scheduled-at", "tomorrow"),
+        "naive-time": call("submit", ORDERS, '"o"', "--scheduled-at", "2030-01-01T00:00:00"),
+        "bogus-status": call("list", "--status", "bogus"),
+        # success: migrating a brand-new database
+        "fresh-migrate": call("migrate", "--database-url", fresh),
+    })
+    assert_failure(results["unknown-id"], unknown, "does not exist")
+    assert_failure(results["malformed-id"], "not-an-id", "not an execution id")
+    assert_failure(results["malformed-id-history"], "not an execution id")
+    assert_failure(results["unknown-workflow"], "unknown workflow", "shop:orders/process.nope")
+    assert_failure(results["invalid-ffqn"], "Not A Name")
+    assert_failure(results["too-early"], "scheduled_at")
+    assert_failure(results["bad-cursor"], "cursor")
+    assert_failure(results["unreachable"], "database")
+    assert_failure(results["bad-toml"], "veracity.toml:2")
+    assert_failure(results["bad-value"], "veracity.toml:4", "concurrency")
+    assert_failure(results["bad-url"], "mysql")
+
+    assert_usage_error(results["unknown-option"], "--bogus")
+    assert_usage_error(results["unknown-command"], "frobnicate")
+    assert_usage_error(results["limit-0"], "--limit")
+    assert_usage_error(results["non-json-param"], "o-1")
+    assert_usage_error(results["params-not-array"], "--params")
+    assert_usage_error(results["params-and-args"])
+    assert_usage_error(results["bad-time"], "--scheduled-at")
+    assert_usage_error(results["naive-time"], "--scheduled-at")
+    assert_usage_error(results["bogus-status"], "--status", "bogus")
+
+    assert re.search(r"applied migrations 1\b", ok(results["fresh-migrate"]))
+
+    # nothing was written by any of the failures
+    assert run_async(_count(sqlite_url)) == 0
+
+
+def test_help_lists_the_commands(tmp_path: Path) -> None:
+    out = ok(run(["--help"], base_env(f"sqlite:///{tmp_path}/x.db"), tmp_path))
+    for command in ("server", "migrate", "submit", "get", "list", "history"):
+        assert re.search(rf"^\s+{command}\b", out, re.MULTILINE), out
+    assert not (tmp_path / "x.db").exists()

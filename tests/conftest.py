@@ -1,0 +1,154 @@
+"""Real databases for every test.
+
+PostgreSQL: ``VERACITY_TEST_DATABASE_URL`` (default ``postgresql://postgres@127.0.0.1:5432/
+postgres``); if nothing answers there but PostgreSQL's server binaries exist, a throwaway
+cluster is started for the session; otherwise the run stops with one line saying how to get
+PostgreSQL. The PostgreSQL tests are never skipped silently.
+
+Isolation: a template database is migrated once per session and each test gets its own
+database cloned from it (``pg_url``); SQLite tests get a fresh migrated file (``sqlite_url``).
+``backend`` (parametrized: postgresql, sqlite) runs a test once per backend and names it;
+``database_url`` is the fresh database of that backend.
+
+Fixtures are synchronous (the async store calls run in ``asyncio.run`` on a helper thread) so
+they never touch pytest-asyncio's per-test event loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tests._pg import (
+    DEFAULT_URL,
+    URL_ENV,
+    ClusterError,
+    TempCluster,
+    create_database,
+    create_database_from_template,
+    drop_database,
+    find_pg_bin_dir,
+    server_answers,
+    with_database,
+)
+
+T = TypeVar("T")
+
+NO_POSTGRES = (
+    "PostgreSQL is needed for the tests: set VERACITY_TEST_DATABASE_URL, start one at "
+    "127.0.0.1:5432, or install PostgreSQL's server binaries (apt-get install postgresql)"
+)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run *coro* with ``asyncio.run`` on a helper thread: the calling thread's event loop
+    state (pytest-asyncio's) is left alone, whether or not a loop is running there."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="veracity-fixture") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+async def _migrate(url: str) -> list[int]:
+    from veracity.store import open_store  # lazy: collection must not depend on the store
+
+    store = await open_store(url, pool_size=1)
+    try:
+        return await store.migrate()
+    finally:
+        await store.close()
+
+
+def migrate(url: str) -> list[int]:
+    """Apply the store's migrations to the database at *url*."""
+    return run_async(_migrate(url))
+
+
+def _say(config: pytest.Config, message: str) -> None:
+    """Print a line even while output is captured (used when a throwaway cluster starts)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    if capman is not None and reporter is not None:
+        with capman.global_and_fixture_disabled():
+            reporter.write("\n")
+            reporter.write_line(message)
+
+
+@pytest.fixture(scope="session")
+def pg_server_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A PostgreSQL server URL (maintenance database) for the whole session."""
+    url = os.environ.get(URL_ENV) or DEFAULT_URL
+    if server_answers(url):
+        yield url
+        return
+    bin_dir = find_pg_bin_dir()
+    if bin_dir is None:
+        pytest.exit(NO_POSTGRES, returncode=3)
+    cluster = TempCluster(bin_dir)
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        pytest.exit(f"{NO_POSTGRES} (nothing answers at {url}; {exc})", returncode=3)
+    try:
+        _say(
+            request.config,
+            f"veracity tests: nothing answers at {url}; started a throwaway PostgreSQL "
+            f"cluster at {cluster.url} (from {bin_dir})",
+        )
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server_url: str) -> Iterator[str]:
+    """Name of a database migrated once per session, cloned for every test."""
+    name = f"veracity_tmpl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    create_database(pg_server_url, name)
+    try:
+        migrate(with_database(pg_server_url, name))
+        yield name
+    finally:
+        drop_database(pg_server_url, name)
+
+
+@pytest.fixture
+def pg_url(pg_server_url: str, pg_template: str) -> Iterator[str]:
+    """URL of a fresh, migrated PostgreSQL database for this test only."""
+    name = f"veracity_t_{uuid.uuid4().hex}"
+    create_database_from_template(pg_server_url, name, pg_template)
+    try:
+        yield with_database(pg_server_url, name)
+    finally:
+        drop_database(pg_server_url, name)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """URL of a fresh, migrated SQLite file for this test only."""
+    url = f"sqlite:///{tmp_path}/veracity.db"
+    migrate(url)
+    return url
+
+
+@pytest.fixture(params=["postgresql", "sqlite"], ids=["postgresql", "sqlite"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """``"postgresql"`` or ``"sqlite"``: the backend this test instance runs with. Any test
+    using it (directly or through ``database_url``) runs once per backend; a test that
+    needs a database of its own (e.g. unmigrated) can branch on it without building
+    ``database_url``."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def database_url(backend: str, request: pytest.FixtureRequest) -> str:
+    """A fresh, migrated database URL for ``backend`` (``pg_url`` or ``sqlite_url``,
+    resolved lazily so a SQLite-only run never needs PostgreSQL)."""
+    url: str = request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")
+    return url
