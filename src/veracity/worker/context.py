@@ -126,6 +126,7 @@ class Context:
         attempt: int,
         journal: Journal | None = None,
         rng: random.Random | None = None,
+        lease_valid: Callable[[], bool] | None = None,
     ) -> None:
         self._store = store
         self._claim = claim
@@ -133,6 +134,7 @@ class Context:
         self._position = 0
         self._interrupt: str | None = None
         self._rng = rng or random.Random()
+        self._lease_valid = lease_valid or (lambda: True)
         self.execution_id = execution_id
         self.deployment_id = deployment_id
         self.attempt = attempt
@@ -249,7 +251,22 @@ class Context:
         return data.get("result")
 
     async def _checkpoint(self, kind: str, data: dict[str, JSON]) -> None:
-        outcome = await self._store.execution_checkpoint_if_owned(self._claim, kind, data)
+        """Write a journal event under the lease. Database trouble is retried while the
+        lease can still be valid; then the run stops (ExecutionInterrupted, which workflow
+        code cannot swallow): an infrastructure error is never the workflow's own error."""
+        delay = 0.05
+        while True:
+            try:
+                outcome = await self._store.execution_checkpoint_if_owned(
+                    self._claim, kind, data
+                )
+                break
+            except Exception as exc:
+                if not self._lease_valid():
+                    self.interrupt("checkpoint failed")
+                    raise ExecutionInterrupted("checkpoint failed") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
         if not outcome.applied:
             # fenced out: someone else owns the execution now; stop without writing more
             self.interrupt("lease_lost")

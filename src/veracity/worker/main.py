@@ -38,6 +38,9 @@ async def open_store_patiently(settings: Settings, stop: asyncio.Event) -> Store
 
 
 async def run_worker(settings: Settings) -> int:
+    # the pool reports every reconnection attempt itself; the worker's own rate-limited
+    # messages say it once per interval instead
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     app = load_user_app(settings)
     if app is None or not app.workflows:
         raise ConfigError("a worker needs an app with workflows: set app (VERACITY_APP)")

@@ -41,6 +41,7 @@ from veracity.worker.context import (
 
 log = logging.getLogger("veracity.worker")
 EXTRA = {"domain": "worker"}
+SHUTDOWN_REASON = "worker shutting down"
 
 
 class RateLimitedLog:
@@ -277,6 +278,8 @@ class Worker:
                 deployment_id=execution.deployment_id,
                 attempt=execution.attempt,
                 journal=journal,
+                lease_valid=lambda: time.monotonic() < self._lease_deadline.get(
+                    execution.id, 0.0),
             )
             run.ctx = ctx
             await self._run_workflow(wf, run, ctx)
@@ -284,7 +287,7 @@ class Worker:
             await self._interrupted(claim, stop.reason)
         except asyncio.CancelledError:
             # forced at the end of the shutdown grace period: give the execution back
-            await asyncio.shield(self._release(claim, "worker shut down"))
+            await asyncio.shield(self._release(claim, SHUTDOWN_REASON))
             raise
         except Exception as exc:  # infrastructure trouble: leave it to lease recovery
             self._trouble.warning(
@@ -441,7 +444,7 @@ class Worker:
         log.info("draining %d executions", len(runs), extra=EXTRA)
         for run in runs:
             if run.ctx is not None:
-                run.ctx.interrupt("worker shutting down")
+                run.ctx.interrupt(SHUTDOWN_REASON)
         tasks = [r.task for r in runs if r.task is not None]
         _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace)
         for task in pending:
