@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, LiteralString
 
@@ -21,12 +21,14 @@ from veracity.core.states import Status
 from veracity.models import HistoryEvent, NewExecution
 from veracity.store import Store
 
+# open_extra_store: opens another store instance on the test's database
+StoreFactory = Callable[..., Awaitable[Store]]
+
 # What a statement refused by the database raises, whichever the backend.
 DB_ERRORS: tuple[type[Exception], ...] = (psycopg.Error, sqlite3.Error)
 
 # History kinds that record a state change; anything else (late_report) is not one.
 STATE_KINDS = frozenset(str(s) for s in Status)
-
 
 
 def new_execution(
@@ -52,12 +54,14 @@ def new_execution(
 
 
 async def assert_history_consistent(store: Store, execution_id: uuid.UUID) -> list[HistoryEvent]:
-    """Seqs are exactly 1..n, the first event is ``pending``, and the newest state event's
-    kind equals the execution's status, with its time equal to ``updated_at``."""
+    """Seqs are exactly 1..n (n = the execution's ``history_seq``), the first event is
+    ``pending``, and the newest state event's kind equals the execution's status, with its
+    time equal to ``updated_at``."""
     execution = await store.execution_get(execution_id)
     assert execution is not None
     events = await store.history_list(execution_id)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert execution.history_seq == len(events)
     assert all(e.execution_id == execution_id for e in events)
     assert events[0].kind == "pending"
     state_events = [e for e in events if e.kind in STATE_KINDS]
@@ -76,15 +80,15 @@ class RawSQL:
         self.url = url
         self.backend = "sqlite" if url.startswith("sqlite:///") else "postgresql"
 
-    def execute(self, statement: LiteralString, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def execute(
+        self, statement: LiteralString, params: Sequence[Any] = ()
+    ) -> list[tuple[Any, ...]]:
         if self.backend == "postgresql":
             with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
                 cur = conn.execute(statement.replace("?", "%s"), tuple(params) or None)
                 return cur.fetchall() if cur.description is not None else []
         path = self.url.removeprefix("sqlite:///")
-        with contextlib.closing(
-            sqlite3.connect(path, timeout=30, isolation_level=None)
-        ) as conn:
+        with contextlib.closing(sqlite3.connect(path, timeout=30, isolation_level=None)) as conn:
             return conn.execute(statement, tuple(params)).fetchall()
 
     def scalar(self, statement: LiteralString, params: Sequence[Any] = ()) -> Any:
@@ -95,6 +99,23 @@ class RawSQL:
     def migration_versions(self) -> list[int]:
         rows = self.execute("SELECT version FROM veracity_migrations ORDER BY version")
         return [int(r[0]) for r in rows]
+
+    @contextlib.contextmanager
+    def writer_holding_a_transaction(self) -> Iterator[None]:
+        """While inside, another connection holds an open write transaction (as another
+        process that is in the middle of writing, e.g. migrating, would)."""
+        if self.backend == "postgresql":
+            with psycopg.connect(self.url, connect_timeout=10) as pg:
+                pg.execute("CREATE TABLE veracity_test_writer (x integer)")
+                yield
+                pg.rollback()
+            return
+        path = self.url.removeprefix("sqlite:///")
+        with contextlib.closing(sqlite3.connect(path, timeout=30, isolation_level=None)) as lite:
+            lite.execute("BEGIN IMMEDIATE")
+            lite.execute("CREATE TABLE veracity_test_writer (x INTEGER)")
+            yield
+            lite.execute("ROLLBACK")
 
     @contextlib.contextmanager
     def history_insert_fails(self) -> Iterator[None]:

@@ -8,17 +8,15 @@ store instances of a test, so nothing here sleeps.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests._pg import create_database, drop_database, with_database
-from tests.store._support import RawSQL
+from tests.store._support import RawSQL, StoreFactory
 from veracity.clock import Clock, ManualClock
 from veracity.store import Store, open_store
-
-StoreFactory = Callable[..., Awaitable[Store]]
 
 
 @pytest.fixture

@@ -1,15 +1,18 @@
 """Store conformance: schema, submission, reads and listing.
 
-Runs unchanged against every backend (``database_url`` is parametrized). Leases and
-fenced writes are in ``test_leases.py``; atomicity, fault injection and what the database
-itself enforces in ``test_integrity.py``; races between store instances in
-``test_concurrency.py``.
+Runs unchanged against every backend (``database_url`` is parametrized). The rest of the
+suite: the claim and fenced writes in ``test_leases.py``; atomicity, fault injection and
+what the database itself enforces in ``test_integrity.py``; races between store instances
+in ``test_concurrency.py``; batched completions, checkpoints, lease renewal, recovery and
+the worker registry in ``test_worker_support.py``; single-runner locks and notifications
+in ``test_coordination.py``.
 """
 
 from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -28,10 +31,10 @@ from veracity.store._sql import load_migrations
 TTL = timedelta(seconds=30)
 
 NESTED_PARAMS = [
-    {"name": "Zoë", "city": "Zürich", "greeting": "こんにちは 🎉", "tags": ["α", "β"]},
+    {"name": "Zoë", "city": "Zürich", "greeting": "こんにちは 🎉", "tags": ["λ", "Ж"]},
     [1, -2, 2.5, 12345678901234567890, None, True, False],
     {"deep": {"deeper": {"deepest": [{"k": "v"}, [], {}]}}, "empty": ""},
-    "plain string with \"quotes\", \\backslashes\\ and\nnewlines\ttabs",
+    'plain string with "quotes", \\backslashes\\ and\nnewlines\ttabs',
     0,
     None,
 ]
@@ -67,18 +70,16 @@ async def test_migrate_on_empty_database_applies_every_version_once(
     assert RawSQL(empty_database_url).migration_versions() == all_versions(backend)
 
 
-async def test_ping_answers(store: Store) -> None:
-    assert await store.ping() is None
-
-
-async def test_ping_raises_once_the_store_is_closed(
-    database_url: str, clock: ManualClock
+async def test_ping_answers_while_open_and_raises_once_closed(
+    store: Store, database_url: str, clock: ManualClock
 ) -> None:
+    await store.ping()  # raises if the database does not answer
     s = await open_store(database_url, clock=clock, pool_size=1)
     await s.ping()
     await s.close()
     with pytest.raises((*DB_ERRORS, RuntimeError)):
         await s.ping()
+    await store.ping()  # another instance closing does not affect this one
 
 
 # -- submit ---------------------------------------------------------------------------
@@ -120,13 +121,66 @@ async def test_submit_params_round_trip_nested_json_and_unicode(store: Store) ->
     assert type(got.params[1][2]) is float
 
 
-async def test_submit_writes_pending_event_with_its_data(
-    store: Store, clock: ManualClock
-) -> None:
+@pytest.mark.parametrize("number", [1e100, 1e16, 1e22, 2.5e-8, 0.1, 2.0, 2**70], ids=str)
+async def test_json_numbers_round_trip_with_value_and_type(store: Store, number: Any) -> None:
+    """A float stays a float of the same value, an int an int, in params and results."""
+    new = new_execution(params=[number, {"n": number}])
+    await store.execution_submit(new)
+    got = await store.execution_get(new.id)
+    assert got is not None
+    assert got.params == [number, {"n": number}]
+    assert [type(got.params[0]), type(got.params[1]["n"])] == [type(number)] * 2
+
+    (claimed,) = await store.execution_claim("w", [new.ffqn], limit=1, lease_ttl=TTL)
+    tr = await store.execution_complete_if_owned(Claim(new.id, "w", claimed.lease_epoch), number)
+    assert tr.applied
+    assert tr.execution is not None
+    assert tr.execution.result == number
+    assert type(tr.execution.result) is type(number)
+
+
+async def test_json_strings_with_nul_characters_round_trip(store: Store) -> None:
+    """Whatever a workflow is given or returns is stored as given, NUL characters too."""
+    text = "before\x00after"
+    new = new_execution(params=[text, {"k\x00": text}])
+    await store.execution_submit(new)
+    got = await store.execution_get(new.id)
+    assert got is not None and got.params == [text, {"k\x00": text}]
+
+    (claimed,) = await store.execution_claim("w", [new.ffqn], limit=1, lease_ttl=TTL)
+    tr = await store.execution_complete_if_owned(Claim(new.id, "w", claimed.lease_epoch), text)
+    assert tr.applied
+    assert tr.execution is not None and tr.execution.result == text
+
+
+@pytest.mark.parametrize("where", ["scheduled_at", "created_after", "created_before", "cursor"])
+async def test_naive_datetimes_are_refused(store: Store, where: str) -> None:
+    """A time without a timezone is ambiguous: the store refuses it instead of guessing."""
+    naive = datetime(2030, 1, 1, 12, 0)
+    existing = await _submit(store)
+    with pytest.raises(ValueError, match="naive"):
+        if where == "scheduled_at":
+            await store.execution_submit(new_execution(scheduled_at=naive))
+        elif where == "created_after":
+            await store.execution_list(ExecutionFilter(created_after=naive), limit=10)
+        elif where == "created_before":
+            await store.execution_list(ExecutionFilter(created_before=naive), limit=10)
+        else:
+            await store.execution_list(
+                ExecutionFilter(), limit=10, after=ListCursor(naive, existing.id)
+            )
+    rows = await store.execution_list(ExecutionFilter(), limit=10)
+    assert [r.id for r in rows] == [existing.id]
+
+
+async def test_submit_writes_pending_event_with_its_data(store: Store, clock: ManualClock) -> None:
     parent = new_execution("app.parent")
     await store.execution_submit(parent)
     new = new_execution(
-        "app.child", [{"x": "ü"}], deployment_id="dep-2", idempotency_key="key-1",
+        "app.child",
+        [{"x": "ü"}],
+        deployment_id="dep-2",
+        idempotency_key="key-1",
         parent_id=parent.id,
     )
     ex = (await store.execution_submit(new)).execution
@@ -191,9 +245,7 @@ async def test_submit_same_idempotency_key_twice_creates_one_execution(
     first = new_execution(idempotency_key="order-42", request_digest="digest-a")
     s1 = await store.execution_submit(first)
     clock.advance(5)
-    second = new_execution(
-        "app.other", [1], idempotency_key="order-42", request_digest="digest-b"
-    )
+    second = new_execution("app.other", [1], idempotency_key="order-42", request_digest="digest-b")
     s2 = await store.execution_submit(second)
 
     assert s1.created is True
@@ -221,9 +273,7 @@ async def test_submit_idempotency_key_returns_execution_in_its_current_state(
 ) -> None:
     first = new_execution(idempotency_key="k")
     await store.execution_submit(first)
-    (claimed,) = await store.execution_claim(
-        "w", [first.ffqn], limit=1, lease_ttl=TTL
-    )
+    (claimed,) = await store.execution_claim("w", [first.ffqn], limit=1, lease_ttl=TTL)
     again = await store.execution_submit(new_execution(idempotency_key="k"))
     assert again.created is False
     assert again.execution == claimed
@@ -316,7 +366,9 @@ async def test_list_filter_ffqn_prefix_is_literal(store: Store) -> None:
 
     assert await found("shop.orders.") == {"shop.orders.create", "shop.orders.cancel"}
     assert await found("shop.orders") == {
-        "shop.orders.create", "shop.orders.cancel", "shop.ordersx.v2"
+        "shop.orders.create",
+        "shop.orders.cancel",
+        "shop.ordersx.v2",
     }
     # LIKE wildcards in a prefix are plain characters
     assert await found("shop_") == {"shop_payments.charge"}
@@ -368,7 +420,9 @@ async def test_list_filters_combine(store: Store, clock: ManualClock) -> None:
     await _submit(store, "app.x.two", deployment_id="dep-b")
     await _submit(store, "app.y.one", deployment_id="dep-a")
     f = ExecutionFilter(
-        statuses=(Status.PENDING,), ffqn_prefix="app.x.", deployment_id="dep-a",
+        statuses=(Status.PENDING,),
+        ffqn_prefix="app.x.",
+        deployment_id="dep-a",
         created_after=clock.now() - timedelta(seconds=1),
         created_before=clock.now() + timedelta(seconds=1),
     )
@@ -446,7 +500,13 @@ async def test_history_list_in_seq_order(store: Store, clock: ManualClock) -> No
     events = await store.history_list(execution_id)
     assert [e.seq for e in events] == [1, 2, 3, 4, 5, 6, 7]
     assert [e.kind for e in events] == [
-        "pending", "running", "pending", "running", "pending", "running", "completed"
+        "pending",
+        "running",
+        "pending",
+        "running",
+        "pending",
+        "running",
+        "completed",
     ]
     assert [e.at for e in events] == [start + timedelta(seconds=s) for s in range(7)]
     await assert_history_consistent(store, execution_id)

@@ -40,6 +40,15 @@ def late_report_event(
     }
 
 
+RESERVED_KINDS = frozenset({*(str(s) for s in Status), "late_report"})
+
+
+def check_journal_kind(kind: str) -> None:
+    """A checkpoint's kind names what happened; state names are reserved for state changes."""
+    if kind in RESERVED_KINDS or not 1 <= len(kind) <= 64:
+        raise ValueError(f"{kind!r} cannot be a journal event kind")
+
+
 def require_aware(*values: datetime | None) -> None:
     """Stores keep only timezone-aware times; a naive one is a caller's bug."""
     for value in values:

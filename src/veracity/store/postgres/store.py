@@ -36,12 +36,14 @@ from veracity.models import (
 )
 from veracity.store._common import (
     check_filter,
+    check_journal_kind,
     check_new,
     claim_sources,
     late_report_event,
     lock_key,
     owned_sources,
     recover_sources,
+    require_aware,
 )
 from veracity.store._sql import load_migrations, load_queries
 
@@ -241,6 +243,7 @@ class PostgresStore:
         self, filter: ExecutionFilter, *, limit: int, after: ListCursor | None = None
     ) -> list[Execution]:
         check_filter(filter)
+        require_aware(after.created_at if after else None)
         rows = await self._fetchall(
             "execution_list",
             {
@@ -372,12 +375,17 @@ class PostgresStore:
             return []
         if any(claim.owner != owner for claim, _ in items):
             raise ValueError("every claim of a batch must belong to its owner")
+        # one row per execution in the statement; a repeat within the batch is refused below
+        first: dict[uuid.UUID, tuple[Claim, JSON]] = {}
+        for claim, result in items:
+            first.setdefault(claim.execution_id, (claim, result))
+        unique = list(first.values())
         rows = await self._fetchall(
             "execution_complete_many_if_owned",
             {
-                "ids": [claim.execution_id for claim, _ in items],
-                "epochs": [claim.epoch for claim, _ in items],
-                "results": [Json(result) for _, result in items],
+                "ids": [claim.execution_id for claim, _ in unique],
+                "epochs": [claim.epoch for claim, _ in unique],
+                "results": [Json(result) for _, result in unique],
                 "owner": owner,
                 "from_states": owned_sources(Status.COMPLETED),
                 "now": self._now(),
@@ -387,7 +395,8 @@ class PostgresStore:
         out: list[TransitionResult] = []
         for claim, result in items:
             if claim.execution_id in done:
-                out.append(TransitionResult(True, done[claim.execution_id]))
+                # only the first occurrence was applied; a repeat is a late report
+                out.append(TransitionResult(True, done.pop(claim.execution_id)))
             else:
                 out.append(await self._late_report("complete", claim, {"result": result}))
         return out
@@ -395,6 +404,7 @@ class PostgresStore:
     async def execution_checkpoint_if_owned(
         self, claim: Claim, kind: str, data: JSON
     ) -> TransitionResult:
+        check_journal_kind(kind)
         row = await self._fetchone(
             "execution_checkpoint_if_owned",
             {

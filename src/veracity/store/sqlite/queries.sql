@@ -30,15 +30,18 @@ INSERT INTO veracity_executions (
 VALUES (
     :id, :ffqn, :params, 'pending', 1, :deployment_id, :parent_id, :idempotency_key,
     :request_digest, coalesce(:scheduled_at, :now), :now, :now, 1)
-ON CONFLICT (idempotency_key) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING *
 
 -- name: history_insert
 INSERT INTO veracity_history (execution_id, seq, kind, at, data)
 VALUES (:execution_id, :seq, :kind, :at, :data)
 
--- name: execution_by_idempotency_key
-SELECT * FROM veracity_executions WHERE idempotency_key = :idempotency_key
+-- name: execution_by_key_or_id
+SELECT * FROM veracity_executions
+WHERE idempotency_key = :idempotency_key OR id = :id
+ORDER BY (id = :id) DESC
+LIMIT 1
 
 -- name: execution_get
 SELECT * FROM veracity_executions WHERE id = :id
@@ -159,12 +162,3 @@ UPDATE veracity_workers SET stopped_at = :now WHERE id = :id RETURNING *
 
 -- name: worker_list
 SELECT * FROM veracity_workers ORDER BY started_at DESC, id LIMIT :limit
-
--- name: lock_try
-INSERT INTO veracity_locks (name, owner, expires_at) VALUES (:name, :owner, :now + :ttl_us)
-ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
-WHERE veracity_locks.expires_at <= :now
-RETURNING owner
-
--- name: lock_release
-DELETE FROM veracity_locks WHERE name = :name AND owner = :owner

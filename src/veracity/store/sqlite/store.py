@@ -10,10 +10,12 @@ threads or processes on the same file) queue behind the lock instead of interlea
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
 import sqlite3
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,11 +42,13 @@ from veracity.models import (
 )
 from veracity.store._common import (
     check_filter,
+    check_journal_kind,
     check_new,
     claim_sources,
     late_report_event,
     owned_sources,
     recover_sources,
+    require_aware,
 )
 from veracity.store._sql import load_migrations, load_queries
 
@@ -52,8 +56,6 @@ Q = load_queries("veracity.store.sqlite")
 MIGRATIONS = load_migrations("veracity.store.sqlite")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 BUSY_TIMEOUT_S = 30.0
-# a single-runner lock whose holder died is free again after this long
-LOCK_TTL = timedelta(minutes=5)
 log = logging.getLogger("veracity.store")
 
 T = TypeVar("T")
@@ -145,7 +147,11 @@ class SqliteStore:
     @classmethod
     async def open(cls, url: str, *, clock: Clock) -> SqliteStore:
         store = cls(path_from_url(url), clock)
-        await store._run(store._connect)
+        try:
+            await store._run(store._connect)
+        except BaseException:
+            store._executor.shutdown(wait=False)
+            raise
         return store
 
     # -- plumbing -------------------------------------------------------------------
@@ -157,9 +163,22 @@ class SqliteStore:
             self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
         conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        # switching a new file to WAL needs a moment without writers, and SQLite answers
+        # "database is locked" at once instead of applying the busy timeout: retry
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    conn.close()
+                    raise
+                time.sleep(0.01)
         conn.execute("PRAGMA synchronous = FULL")  # durable when the call returns
         conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA recursive_triggers = ON")  # cancellation climbs the tree
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         self._conn = conn
 
@@ -253,9 +272,11 @@ class SqliteStore:
             ).fetchone()
             if row is None:
                 existing = conn.execute(
-                    Q["execution_by_idempotency_key"], {"idempotency_key": new.idempotency_key}
+                    Q["execution_by_key_or_id"],
+                    {"idempotency_key": new.idempotency_key, "id": str(new.id)},
                 ).fetchone()
-                return Submitted(row_to_execution(existing), False, existing["request_digest"])
+                ours = existing["id"] == str(new.id)
+                return Submitted(row_to_execution(existing), ours, existing["request_digest"])
             ex = row_to_execution(row)
             self._event(conn, row["id"], 1, "pending", now, {
                 "ffqn": ex.ffqn,
@@ -277,6 +298,7 @@ class SqliteStore:
         self, filter: ExecutionFilter, *, limit: int, after: ListCursor | None = None
     ) -> list[Execution]:
         check_filter(filter)
+        require_aware(after.created_at if after else None)
         params = {
             "statuses": _dumps([str(s) for s in filter.statuses]) if filter.statuses else None,
             "ffqn_prefix": filter.ffqn_prefix,
@@ -450,6 +472,8 @@ class SqliteStore:
     async def execution_checkpoint_if_owned(
         self, claim: Claim, kind: str, data: JSON
     ) -> TransitionResult:
+        check_journal_kind(kind)
+
         def work(conn: sqlite3.Connection, now: int) -> TransitionResult:
             row = conn.execute(
                 Q["execution_checkpoint_if_owned"],
@@ -542,24 +566,23 @@ class SqliteStore:
 
     @asynccontextmanager
     async def single_runner(self, name: str) -> AsyncIterator[bool]:
-        token = f"{os.getpid()}:{uuid.uuid4().hex}"
-        ttl_us = LOCK_TTL // timedelta(microseconds=1)
-
-        def take(conn: sqlite3.Connection, now: int) -> bool:
-            row = conn.execute(
-                Q["lock_try"], {"name": name, "owner": token, "now": now, "ttl_us": ttl_us}
-            ).fetchone()
-            return row is not None
-
-        def give(conn: sqlite3.Connection, now: int) -> None:
-            conn.execute(Q["lock_release"], {"name": name, "owner": token})
-
-        acquired = await self._run(self._write, take)
+        # An exclusive flock on a file beside the database: held for the whole tick however
+        # long it takes, never waited for (LOCK_NB), and freed by the kernel if the holder
+        # dies. flock locks belong to the open file, so two stores in one process exclude
+        # each other too.
+        lock_path = self._path.with_name(f"{self._path.name}.{name}.lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            acquired = True
+        except BlockingIOError:
+            acquired = False
         try:
             yield acquired
         finally:
             if acquired:
-                await self._run(self._write, give)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     async def pending_notifications(self) -> AsyncIterator[None]:
         raise NotImplementedError("SQLite has no notifications; workers poll")

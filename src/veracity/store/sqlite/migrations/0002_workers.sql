@@ -1,4 +1,4 @@
--- 0002: worker registry, and (SQLite's stand-in for advisory locks) single-runner locks.
+-- 0002: worker registry.
 
 CREATE TABLE veracity_workers (
     id             TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 200),
@@ -13,10 +13,3 @@ CREATE TABLE veracity_workers (
 ) STRICT;
 
 CREATE INDEX veracity_workers_heartbeat ON veracity_workers (last_heartbeat DESC);
-
--- A lock is held by `owner` until `expires_at`; a holder that dies loses it at expiry.
-CREATE TABLE veracity_locks (
-    name       TEXT PRIMARY KEY,
-    owner      TEXT NOT NULL,
-    expires_at INTEGER NOT NULL
-) STRICT;

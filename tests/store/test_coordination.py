@@ -1,0 +1,115 @@
+"""Store conformance: single-runner locks for periodic services (invariant 6) and
+wake-up notifications for workers. Runs unchanged against every backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+import pytest
+
+from tests.store._support import StoreFactory, new_execution
+from veracity.clock import ManualClock
+from veracity.models import Claim
+from veracity.store import Store
+
+TTL = timedelta(seconds=60)
+
+
+async def test_single_runner_admits_one_holder_at_a_time(
+    store: Store, open_extra_store: StoreFactory
+) -> None:
+    other = await open_extra_store()
+    async with store.single_runner("recovery") as first:
+        assert first is True
+        async with other.single_runner("recovery") as second:
+            assert second is False  # busy: skip the tick, never wait
+        async with store.single_runner("recovery") as same_instance:
+            assert same_instance is False
+        async with other.single_runner("cron") as another_name:
+            assert another_name is True
+    async with other.single_runner("recovery") as after_release:
+        assert after_release is True
+
+
+async def test_single_runner_releases_when_the_tick_raises(
+    store: Store, open_extra_store: StoreFactory
+) -> None:
+    other = await open_extra_store()
+    with pytest.raises(RuntimeError, match="tick failed"):
+        async with store.single_runner("reconciler") as held:
+            assert held is True
+            raise RuntimeError("tick failed")
+    async with other.single_runner("reconciler") as next_tick:
+        assert next_tick is True
+
+
+async def test_single_runner_skipped_tick_does_not_release_the_holders_lock(
+    store: Store, open_extra_store: StoreFactory
+) -> None:
+    other, third = await open_extra_store(), await open_extra_store()
+    async with store.single_runner("cron") as held:
+        assert held is True
+        async with other.single_runner("cron") as skipped:
+            assert skipped is False
+        # the skipped tick ended; the lock is still the first holder's
+        async with third.single_runner("cron") as third_try:
+            assert third_try is False
+
+
+async def test_single_runner_lock_is_held_for_the_whole_tick_however_long(
+    store: Store, open_extra_store: StoreFactory, clock: ManualClock
+) -> None:
+    """Ticks never overlap: a tick that runs long keeps its lock until it ends."""
+    other = await open_extra_store()
+    async with store.single_runner("recovery") as held:
+        assert held is True
+        clock.advance(timedelta(hours=1))
+        async with other.single_runner("recovery") as second:
+            assert second is False
+
+
+async def _wakes_up(store: Store, make_work: Callable[[int], Awaitable[None]]) -> bool:
+    """Listen on a fresh subscription and do work until a wake-up arrives (LISTEN begins
+    with the first wait, so the first pieces of work may go unheard)."""
+    notifications = store.pending_notifications()
+    waiting = asyncio.ensure_future(anext(notifications))
+    try:
+        for i in range(100):
+            await make_work(i)
+            done, _ = await asyncio.wait({waiting}, timeout=0.1)
+            if done:
+                return waiting.result() is None
+        return False
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await notifications.aclose()  # type: ignore[attr-defined]
+
+
+async def test_pending_notifications_wake_workers_on_new_pending_work(store: Store) -> None:
+    if not store.supports_notifications:
+        with pytest.raises(NotImplementedError):
+            await anext(aiter(store.pending_notifications()))
+        return
+
+    async def submit(i: int) -> None:
+        assert (await store.execution_submit(new_execution("app.n", [i]))).created
+
+    assert await _wakes_up(store, submit)
+
+
+async def test_pending_notifications_wake_workers_on_a_release(store: Store) -> None:
+    if not store.supports_notifications:
+        with pytest.raises(NotImplementedError):
+            await anext(aiter(store.pending_notifications()))
+        return
+    await store.execution_submit(new_execution("app.n"))  # before anyone listens
+
+    async def claim_and_release(i: int) -> None:
+        (c,) = await store.execution_claim("w", ["app.n"], limit=1, lease_ttl=TTL)
+        tr = await store.execution_release_if_owned(Claim(c.id, "w", c.lease_epoch), "again")
+        assert tr.applied
+
+    assert await _wakes_up(store, claim_and_release)
