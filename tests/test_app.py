@@ -37,7 +37,7 @@ def test_register_and_look_up():
 
 def test_rejects_bad_names_sync_functions_and_duplicates():
     app = App()
-    with pytest.raises(ValueError, match="namespace:package/interface.function"):
+    with pytest.raises(ValueError, match=r"namespace:package/interface\.function"):
         app.workflow("not a name")
     with pytest.raises(TypeError, match="async"):
 
@@ -90,7 +90,7 @@ def test_load_app(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         assert isinstance(load_app("myapp_mod:app"), App)
-        with pytest.raises(ConfigError, match="not a veracity.App"):
+        with pytest.raises(ConfigError, match=r"not a veracity\.App"):
             load_app("myapp_mod:not_an_app")
         with pytest.raises(ConfigError, match="no attribute"):
             load_app("myapp_mod:missing")

@@ -34,7 +34,7 @@ def _run_concurrently(url: str, cwd: Path, n: int = 4) -> list[subprocess.Comple
     return out
 
 
-def _check(results):
+def _check(results: list[subprocess.CompletedProcess[str]]) -> None:
     import json
 
     assert all(r.returncode == 0 for r in results), [r.stderr for r in results]

@@ -15,8 +15,11 @@ def test_valid(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["", "shop", "shop:orders", "shop:orders/process", "Shop:orders/process.run",
-     "shop:orders/process.run extra", ":a/b.c", "a:/b.c", "a:b/.c", "a:b/c.", "a:b/c.d" + "x" * 600],
+    [
+        "", "shop", "shop:orders", "shop:orders/process", "Shop:orders/process.run",
+        "shop:orders/process.run extra", ":a/b.c", "a:/b.c", "a:b/.c", "a:b/c.",
+        "a:b/c.d" + "x" * 600,
+    ],
 )
 def test_invalid(name):
     with pytest.raises(InvalidFfqn):
