@@ -32,6 +32,15 @@ class Execution:
     lease_expires_at: datetime | None
     history_seq: int = 0
     """Number of history events so far (the seq of the newest one)."""
+    join_set: str | None = None
+    """For a child execution: the parent's join set it belongs to."""
+    wake_at: datetime | None = None
+    """For a blocked execution waiting on a timer: when it becomes pending."""
+    signal_seq: int = 0
+    """Moves on every event a blocked execution may wait for (a child ended, a message)."""
+    paused_from: str | None = None
+    cancel_requested_at: datetime | None = None
+    pause_requested_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +64,9 @@ class NewExecution:
     request_digest: str | None = None
     scheduled_at: datetime | None = None
     parent_id: uuid.UUID | None = None
+    join_set: str | None = None
+    paused: bool = False
+    """Submit on hold: status ``paused`` (returns to pending when unpaused)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,3 +155,48 @@ class Recovered:
     execution: Execution
     previous_owner: str
     previous_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    id: int
+    execution_id: uuid.UUID
+    topic: str
+    payload: JSON
+    created_at: datetime
+    consumed_at: datetime | None = None
+    consumed_pos: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ControlResult:
+    """The outcome of an operator's request (cancel, pause, unpause, message).
+
+    ``execution`` is None when the id does not exist. ``changed`` is False when the request
+    changed nothing (already in that state, or terminal). ``refused`` names why a request
+    does not apply to the current state (answered 409).
+    """
+
+    execution: Execution | None
+    changed: bool = False
+    refused: str | None = None
+    message: Message | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupt:
+    """A running execution whose owner must stop it: ``kind`` is cancel or pause."""
+
+    claim: Claim
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What a worker's attempt to take a message found."""
+
+    applied: bool
+    """False when the lease was lost (the attempt is kept as a late report)."""
+    message: Message | None
+    signal_seq: int
+    """The execution's signal when it looked: block with it to not miss a later one."""

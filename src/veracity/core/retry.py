@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -23,6 +24,9 @@ class RetryPolicy:
     non_retryable: tuple[type[BaseException], ...] = field(default=())
 
     def __post_init__(self) -> None:
+        for name in ("initial_delay", "backoff", "max_delay", "jitter"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if self.initial_delay < 0 or self.max_delay < 0:
@@ -40,7 +44,11 @@ class RetryPolicy:
 
     def delay(self, attempts_made: int, random_unit: float) -> float:
         """Seconds to wait before the next try; ``random_unit`` is uniform in [0, 1)."""
-        base = min(self.max_delay, self.initial_delay * self.backoff ** (attempts_made - 1))
+        try:
+            raw = self.initial_delay * self.backoff ** max(0, attempts_made - 1)
+        except OverflowError:  # a long series: the cap applies long before this
+            raw = self.max_delay
+        base = min(self.max_delay, raw)
         spread = base * self.jitter * (2 * random_unit - 1)
         return max(0.0, base + spread)
 

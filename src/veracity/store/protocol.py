@@ -18,13 +18,16 @@ from typing import Protocol
 from veracity.models import (
     JSON,
     Claim,
+    ControlResult,
     Execution,
     ExecutionFilter,
     HistoryEvent,
+    Interrupt,
     ListCursor,
     NewExecution,
     Recovered,
     Submitted,
+    Taken,
     TransitionResult,
     WorkerInfo,
     WorkerRecord,
@@ -139,3 +142,69 @@ class Store(Protocol):
     def pending_notifications(self) -> AsyncIterator[None]:
         """Yield once per wake-up notification (an execution became pending). Only when
         ``supports_notifications``; ends with an exception if the connection is lost."""
+
+    # -- the durable engine (blocking waits, children, messages, cancel, pause) ----------
+
+    async def execution_block_if_owned(
+        self,
+        claim: Claim,
+        *,
+        wake_at: datetime | None,
+        seen_signal: int,
+        events: Sequence[tuple[str, JSON]],
+        reason: str,
+    ) -> TransitionResult:
+        """running -> blocked (no lease, no worker), with the journal ``events`` that explain
+        the wait; -> pending instead if the signal moved since ``seen_signal`` or the timer
+        ``wake_at`` is already due. Refused (late report) without the lease."""
+
+    async def execution_spawn_if_owned(
+        self, claim: Claim, children: Sequence[NewExecution], events: Sequence[tuple[str, JSON]]
+    ) -> TransitionResult:
+        """Insert executions (children or top-level) and the parent's journal events in one
+        fenced transaction. An id that exists already is not inserted again."""
+
+    async def execution_children(
+        self, parent_id: uuid.UUID, join_set: str | None = None
+    ) -> tuple[list[Execution], int]:
+        """The parent's signal_seq (read first), and its children: ended ones first in the
+        order they ended, then the unfinished ones."""
+
+    async def execution_take_message_if_owned(
+        self, claim: Claim, topic: str, pos: int
+    ) -> Taken:
+        """Take the oldest unread message on ``topic`` and journal it at ``pos``."""
+
+    async def execution_stop_if_owned(self, claim: Claim, kind: str) -> TransitionResult:
+        """Act on an interrupt at a step boundary: ``cancel`` (-> cancelled, or blocked while
+        children that cannot be cancelled still run) or ``pause`` (-> paused)."""
+
+    async def execution_interrupts(self, owner: str) -> list[Interrupt]:
+        """Running executions of ``owner`` with a cancel or pause requested."""
+
+    async def execution_wake_due(self, *, limit: int = 1000) -> list[Execution]:
+        """Blocked executions whose timer is due become pending."""
+
+    async def message_send(
+        self, execution_id: uuid.UUID, topic: str, payload: JSON
+    ) -> ControlResult:
+        """Store a message durably and wake the execution if it is blocked; refused for a
+        terminal execution."""
+
+    async def execution_cancel(
+        self, execution_id: uuid.UUID, *, actor: str | None = None
+    ) -> ControlResult:
+        """Request cancellation of the execution and, recursively, of its unfinished
+        -cancellable children; record cancelled at once what is not running and has no
+        unfinished children. A terminal execution is left unchanged."""
+
+    async def execution_pause(
+        self, execution_id: uuid.UUID, *, actor: str | None = None
+    ) -> ControlResult: ...
+
+    async def execution_unpause(
+        self, execution_id: uuid.UUID, *, actor: str | None = None
+    ) -> ControlResult: ...
+
+    def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
+        """Yield the id of each running execution asked to stop (PostgreSQL NOTIFY)."""

@@ -23,10 +23,13 @@ SELECT 1 AS ok
 -- name: execution_submit
 WITH ins AS (
     INSERT INTO veracity_executions (
-        id, ffqn, params, status, attempt, deployment_id, parent_id, idempotency_key,
-        request_digest, scheduled_at, created_at, updated_at, history_seq)
+        id, ffqn, params, status, paused_from, attempt, deployment_id, parent_id, join_set,
+        idempotency_key, request_digest, scheduled_at, created_at, updated_at, history_seq)
     VALUES (
-        %(id)s, %(ffqn)s, %(params)s, 'pending', 1, %(deployment_id)s, %(parent_id)s::uuid,
+        %(id)s, %(ffqn)s, %(params)s,
+        CASE WHEN %(paused)s THEN 'paused' ELSE 'pending' END,
+        CASE WHEN %(paused)s THEN 'pending' END,
+        1, %(deployment_id)s, %(parent_id)s::uuid, %(join_set)s::text,
         %(idempotency_key)s::text, %(request_digest)s::text,
         coalesce(%(scheduled_at)s::timestamptz, %(now)s::timestamptz, now()),
         coalesce(%(now)s::timestamptz, now()),
@@ -38,7 +41,7 @@ WITH ins AS (
     INSERT INTO veracity_history (execution_id, seq, kind, at, data)
     SELECT id, 1, status, created_at, json_build_object(
         'ffqn', ffqn, 'params', params, 'deployment_id', deployment_id,
-        'scheduled_at', scheduled_at, 'parent_id', parent_id,
+        'scheduled_at', scheduled_at, 'parent_id', parent_id, 'join_set', join_set,
         'idempotency_key', idempotency_key)
     FROM ins
 )
@@ -272,3 +275,216 @@ SELECT pg_advisory_unlock(%(key)s) AS released
 
 -- name: db_now
 SELECT coalesce(%(now)s::timestamptz, now()) AS now
+
+-- ---------------------------------------------------------------------------------------
+-- The durable engine (store/_ops.py drives these inside one transaction)
+
+-- name: history_append
+INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+VALUES (%(execution_id)s, %(seq)s, %(kind)s, coalesce(%(now)s::timestamptz, now()), %(data)s)
+
+-- name: execution_lock
+SELECT * FROM veracity_executions WHERE id = %(id)s FOR UPDATE
+
+-- name: execution_lock_owned
+SELECT * FROM veracity_executions
+WHERE id = %(id)s
+  AND status = 'running'
+  AND lease_owner = %(owner)s
+  AND lease_epoch = %(epoch)s
+  AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+FOR UPDATE
+
+-- name: execution_bump_history
+UPDATE veracity_executions SET history_seq = history_seq + %(by)s WHERE id = %(id)s
+RETURNING *
+
+-- name: execution_block
+UPDATE veracity_executions SET
+    status = CASE
+        WHEN signal_seq <> %(seen)s THEN 'pending'
+        WHEN %(wake_at)s::timestamptz <= coalesce(%(now)s::timestamptz, now()) THEN 'pending'
+        ELSE 'blocked' END,
+    wake_at = CASE
+        WHEN signal_seq <> %(seen)s THEN NULL
+        WHEN %(wake_at)s::timestamptz <= coalesce(%(now)s::timestamptz, now()) THEN NULL
+        ELSE %(wake_at)s::timestamptz END,
+    blocked_seq = %(seen)s,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + %(events)s + 1
+WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
+RETURNING *
+
+-- name: execution_insert_child
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, attempt, deployment_id, parent_id, join_set,
+    scheduled_at, created_at, updated_at, history_seq)
+VALUES (
+    %(id)s, %(ffqn)s, %(params)s, 'pending', 1, %(deployment_id)s, %(parent_id)s::uuid,
+    %(join_set)s::text,
+    coalesce(%(scheduled_at)s::timestamptz, %(now)s::timestamptz, now()),
+    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1)
+ON CONFLICT (id) DO NOTHING
+RETURNING *
+
+-- name: message_oldest_open
+SELECT id AS message_id, execution_id, topic, payload, created_at, consumed_at, consumed_pos
+FROM veracity_messages
+WHERE execution_id = %(execution_id)s AND topic = %(topic)s AND consumed_at IS NULL
+ORDER BY id
+LIMIT 1
+FOR UPDATE
+
+-- name: message_consume
+UPDATE veracity_messages SET
+    consumed_at = coalesce(%(now)s::timestamptz, now()), consumed_pos = %(pos)s
+WHERE id = %(message_id)s
+
+-- name: message_insert
+INSERT INTO veracity_messages (execution_id, topic, payload, created_at)
+VALUES (%(execution_id)s, %(topic)s, %(payload)s, coalesce(%(now)s::timestamptz, now()))
+RETURNING id AS message_id, execution_id, topic, payload, created_at, consumed_at, consumed_pos
+
+-- name: execution_signal_bump
+UPDATE veracity_executions SET
+    signal_seq = signal_seq + 1,
+    status = CASE WHEN %(wake)s AND status = ANY (%(from_states)s::text[])
+                  THEN 'pending' ELSE status END,
+    wake_at = CASE WHEN %(wake)s THEN NULL ELSE wake_at END,
+    updated_at = CASE WHEN %(wake)s THEN coalesce(%(now)s::timestamptz, now())
+                      ELSE updated_at END,
+    history_seq = history_seq + %(events)s
+WHERE id = %(id)s
+RETURNING *
+
+-- name: execution_park
+UPDATE veracity_executions SET
+    status = 'paused', paused_from = 'pending', pause_requested_at = NULL,
+    lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + 1
+WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
+RETURNING *
+
+-- name: execution_open_children
+SELECT count(*) AS n FROM veracity_executions
+WHERE parent_id = %(id)s
+  AND status NOT IN ('completed', 'failed', 'failed_transient', 'cancelled')
+
+-- name: execution_stop_cancelled
+UPDATE veracity_executions SET
+    status = %(to_status)s,
+    wake_at = NULL,
+    blocked_seq = signal_seq,
+    lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + 1
+WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
+RETURNING *
+
+-- name: execution_signal
+SELECT signal_seq FROM veracity_executions WHERE id = %(id)s
+
+-- name: execution_children
+-- in the order they ended (ended ones first), then the unfinished ones
+SELECT * FROM veracity_executions
+WHERE parent_id = %(parent_id)s
+  AND (%(join_set)s::text IS NULL OR join_set = %(join_set)s::text)
+ORDER BY (status IN ('completed', 'failed', 'failed_transient', 'cancelled')) DESC,
+         updated_at, id
+
+-- name: execution_interrupts
+SELECT id, lease_epoch, cancel_requested_at, pause_requested_at FROM veracity_executions
+WHERE lease_owner = %(owner)s
+  AND status = 'running'
+  AND (cancel_requested_at IS NOT NULL OR pause_requested_at IS NOT NULL)
+
+-- name: execution_wake_due
+WITH due AS (
+    SELECT id FROM veracity_executions
+    WHERE status = 'blocked' AND wake_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY wake_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE veracity_executions AS e SET
+    status = 'pending', wake_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = e.history_seq + 1
+FROM due
+WHERE e.id = due.id AND e.status = ANY (%(from_states)s::text[])
+RETURNING e.*
+
+-- name: execution_cancel_mark
+-- the execution and, recursively, its unfinished children whose names end in -cancellable
+-- (a child that cannot be cancelled is left to finish, and so is everything below it)
+WITH RECURSIVE tree AS (
+    SELECT id FROM veracity_executions WHERE id = %(id)s
+    UNION
+    SELECT c.id FROM veracity_executions AS c JOIN tree AS t ON c.parent_id = t.id
+    WHERE c.status <> ALL (%(terminal)s::text[]) AND right(c.ffqn, 12) = '-cancellable'
+)
+UPDATE veracity_executions AS e SET
+    cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = e.history_seq + 1
+FROM tree
+WHERE e.id = tree.id AND e.cancel_requested_at IS NULL AND e.status <> ALL (%(terminal)s::text[])
+RETURNING e.*
+
+-- name: execution_cancel_settle
+WITH RECURSIVE tree AS (
+    SELECT id FROM veracity_executions WHERE id = %(root)s
+    UNION
+    SELECT c.id FROM veracity_executions AS c JOIN tree AS t ON c.parent_id = t.id
+    WHERE c.cancel_requested_at IS NOT NULL
+)
+UPDATE veracity_executions AS e SET
+    status = 'cancelled', wake_at = NULL, paused_from = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = e.history_seq + 1
+FROM tree
+WHERE e.id = tree.id
+  AND e.cancel_requested_at IS NOT NULL
+  AND e.status = ANY (%(from_states)s::text[])
+  AND NOT EXISTS (SELECT 1 FROM veracity_executions AS c
+                  WHERE c.parent_id = e.id AND c.status <> ALL (%(terminal)s::text[]))
+RETURNING e.*
+
+-- name: execution_request_pause
+UPDATE veracity_executions SET
+    pause_requested_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + 1
+WHERE id = %(id)s
+RETURNING *
+
+-- name: execution_withdraw_pause
+UPDATE veracity_executions SET pause_requested_at = NULL, history_seq = history_seq + 1
+WHERE id = %(id)s
+RETURNING *
+
+-- name: execution_pause
+UPDATE veracity_executions SET
+    paused_from = status, status = 'paused',
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + 1
+WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
+RETURNING *
+
+-- name: execution_unpause
+-- back to blocked only if still waiting: blocked before, no signal since, timer not due
+UPDATE veracity_executions SET
+    status = CASE
+        WHEN paused_from = 'blocked' AND blocked_seq = signal_seq
+             AND (wake_at IS NULL OR wake_at > coalesce(%(now)s::timestamptz, now()))
+        THEN 'blocked' ELSE 'pending' END,
+    wake_at = CASE
+        WHEN paused_from = 'blocked' AND blocked_seq = signal_seq
+             AND (wake_at IS NULL OR wake_at > coalesce(%(now)s::timestamptz, now()))
+        THEN wake_at ELSE NULL END,
+    paused_from = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + 1
+WHERE id = %(id)s AND status = 'paused'
+RETURNING *

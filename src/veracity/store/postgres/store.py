@@ -6,9 +6,10 @@ history event), run in autocommit mode: one round trip, one transaction.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -34,6 +35,7 @@ from veracity.models import (
     WorkerInfo,
     WorkerRecord,
 )
+from veracity.store import _ops
 from veracity.store._common import (
     check_filter,
     check_journal_kind,
@@ -45,6 +47,7 @@ from veracity.store._common import (
     recover_sources,
     require_aware,
 )
+from veracity.store._engine_methods import EngineMethods
 from veracity.store._sql import load_migrations, load_queries
 
 Q = load_queries("veracity.store.postgres")
@@ -55,6 +58,7 @@ MIGRATION_LOCK_KEY = 0x7665726163697479
 Row = Mapping[str, Any]
 log = logging.getLogger("veracity.store")
 NOTIFY_CHANNEL = "veracity_pending"
+INTERRUPT_CHANNEL = "veracity_interrupt"
 RETRIES = 3  # attempts after a lost connection
 
 
@@ -81,6 +85,12 @@ def row_to_execution(row: Row) -> Execution:
         lease_epoch=row["lease_epoch"],
         lease_expires_at=_utc(row["lease_expires_at"]),
         history_seq=row["history_seq"],
+        join_set=row.get("join_set"),
+        wake_at=_utc(row.get("wake_at")),
+        signal_seq=row.get("signal_seq", 0),
+        paused_from=row.get("paused_from"),
+        cancel_requested_at=_utc(row.get("cancel_requested_at")),
+        pause_requested_at=_utc(row.get("pause_requested_at")),
     )
 
 
@@ -108,12 +118,31 @@ def row_to_event(row: Row) -> HistoryEvent:
     )
 
 
+def _pg_param(value: Any) -> Any:
+    if isinstance(value, _ops.JsonParam):
+        return Json(value.value)
+    return value
+
+
+async def _drive(conn: psycopg.AsyncConnection[Any], op: _ops.Op) -> Any:
+    try:
+        query = next(op)
+        while True:
+            cur = await conn.execute(
+                _q(query.name), {k: _pg_param(v) for k, v in query.params.items()}
+            )
+            rows = cast(list[Row], await cur.fetchall()) if cur.description else []
+            query = op.send(rows)
+    except StopIteration as stop:
+        return stop.value
+
+
 def _q(name: str) -> str:
     # queries come from our own package files, never from user input
     return Q[name]
 
 
-class PostgresStore:
+class PostgresStore(EngineMethods):
     backend = "postgresql"
     supports_notifications = True
 
@@ -180,6 +209,30 @@ class PostgresStore:
                 await self._pool.check()
         raise AssertionError("unreachable")
 
+    async def _op(self, factory: Callable[[], _ops.Op]) -> Any:
+        """Drive a multi-statement operation in one transaction. A transaction that lost its
+        connection, or that PostgreSQL aborted as a deadlock victim, is run again from the
+        start (it did not commit)."""
+        for attempt in range(RETRIES + 1):
+            broken = False
+            try:
+                async with self._pool.connection() as conn:
+                    try:
+                        async with conn.transaction():
+                            return await _drive(conn, factory())
+                    except psycopg.OperationalError:
+                        broken = conn.broken or conn.closed
+                        raise
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+                if attempt == RETRIES:
+                    raise
+                await asyncio.sleep(0.01 * (attempt + 1))
+            except psycopg.OperationalError:
+                if not broken or attempt == RETRIES:
+                    raise
+                await self._pool.check()
+        raise AssertionError("unreachable")
+
     async def _fetchone(self, name: str, params: Mapping[str, Any]) -> Row | None:
         rows = await self._fetchall(name, params)
         return rows[0] if rows else None
@@ -216,6 +269,8 @@ class PostgresStore:
             "params": Json(new.params),
             "deployment_id": new.deployment_id,
             "parent_id": new.parent_id,
+            "join_set": new.join_set,
+            "paused": new.paused,
             "idempotency_key": new.idempotency_key,
             "request_digest": new.request_digest,
             "scheduled_at": new.scheduled_at,
@@ -507,6 +562,20 @@ class PostgresStore:
                     # closing ends the session, and with it every lock it held
                     log.warning("could not release the %s lock; closing its connection", name,
                                 extra={"domain": name})
+            await conn.close()
+
+    async def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
+        conn = await psycopg.AsyncConnection.connect(
+            self._url, autocommit=True, connect_timeout=10
+        )
+        try:
+            await conn.execute(f"LISTEN {INTERRUPT_CHANNEL}")
+            async for note in conn.notifies():
+                try:
+                    yield uuid.UUID(note.payload)
+                except ValueError:
+                    continue
+        finally:
             await conn.close()
 
     async def pending_notifications(self) -> AsyncIterator[None]:

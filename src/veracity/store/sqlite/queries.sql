@@ -25,11 +25,11 @@ SELECT 1 AS ok
 
 -- name: execution_insert
 INSERT INTO veracity_executions (
-    id, ffqn, params, status, attempt, deployment_id, parent_id, idempotency_key,
-    request_digest, scheduled_at, created_at, updated_at, history_seq)
+    id, ffqn, params, status, paused_from, attempt, deployment_id, parent_id, join_set,
+    idempotency_key, request_digest, scheduled_at, created_at, updated_at, history_seq)
 VALUES (
-    :id, :ffqn, :params, 'pending', 1, :deployment_id, :parent_id, :idempotency_key,
-    :request_digest, coalesce(:scheduled_at, :now), :now, :now, 1)
+    :id, :ffqn, :params, :status, :paused_from, 1, :deployment_id, :parent_id, :join_set,
+    :idempotency_key, :request_digest, coalesce(:scheduled_at, :now), :now, :now, 1)
 ON CONFLICT DO NOTHING
 RETURNING *
 
@@ -97,10 +97,6 @@ WHERE id = :id
   AND lease_expires_at > :now
 RETURNING *
 
--- name: execution_bump_history
-UPDATE veracity_executions SET history_seq = history_seq + 1
-WHERE id = :id
-RETURNING *
 
 -- name: execution_checkpoint_if_owned
 UPDATE veracity_executions SET history_seq = history_seq + 1
@@ -162,3 +158,197 @@ UPDATE veracity_workers SET stopped_at = :now WHERE id = :id RETURNING *
 
 -- name: worker_list
 SELECT * FROM veracity_workers ORDER BY started_at DESC, id LIMIT :limit
+
+-- ---------------------------------------------------------------------------------------
+-- The durable engine (store/_ops.py drives these inside one IMMEDIATE transaction, which
+-- already holds the write lock: "lock" queries are plain reads here)
+
+-- name: history_append
+INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+VALUES (:execution_id, :seq, :kind, :now, :data)
+
+-- name: execution_lock
+SELECT * FROM veracity_executions WHERE id = :id
+
+-- name: execution_lock_owned
+SELECT * FROM veracity_executions
+WHERE id = :id
+  AND status = 'running'
+  AND lease_owner = :owner
+  AND lease_epoch = :epoch
+  AND lease_expires_at > :now
+
+-- name: execution_bump_history
+UPDATE veracity_executions SET history_seq = history_seq + :by WHERE id = :id
+RETURNING *
+
+-- name: execution_block
+UPDATE veracity_executions SET
+    status = CASE
+        WHEN signal_seq <> :seen THEN 'pending'
+        WHEN :wake_at <= :now THEN 'pending'
+        ELSE 'blocked' END,
+    wake_at = CASE
+        WHEN signal_seq <> :seen THEN NULL
+        WHEN :wake_at <= :now THEN NULL
+        ELSE :wake_at END,
+    blocked_seq = :seen,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = :now,
+    history_seq = history_seq + :events + 1
+WHERE id = :id AND status IN (SELECT value FROM json_each(:from_states))
+RETURNING *
+
+-- name: execution_insert_child
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, attempt, deployment_id, parent_id, join_set,
+    scheduled_at, created_at, updated_at, history_seq)
+VALUES (
+    :id, :ffqn, :params, 'pending', 1, :deployment_id, :parent_id, :join_set,
+    coalesce(:scheduled_at, :now), :now, :now, 1)
+ON CONFLICT (id) DO NOTHING
+RETURNING *
+
+-- name: message_oldest_open
+SELECT id AS message_id, execution_id, topic, payload, created_at, consumed_at, consumed_pos
+FROM veracity_messages
+WHERE execution_id = :execution_id AND topic = :topic AND consumed_at IS NULL
+ORDER BY id
+LIMIT 1
+
+-- name: message_consume
+UPDATE veracity_messages SET consumed_at = :now, consumed_pos = :pos WHERE id = :message_id
+
+-- name: message_insert
+INSERT INTO veracity_messages (execution_id, topic, payload, created_at)
+VALUES (:execution_id, :topic, :payload, :now)
+RETURNING id AS message_id, execution_id, topic, payload, created_at, consumed_at, consumed_pos
+
+-- name: execution_signal_bump
+UPDATE veracity_executions SET
+    signal_seq = signal_seq + 1,
+    status = CASE WHEN :wake AND status IN (SELECT value FROM json_each(:from_states))
+                  THEN 'pending' ELSE status END,
+    wake_at = CASE WHEN :wake THEN NULL ELSE wake_at END,
+    updated_at = CASE WHEN :wake THEN :now ELSE updated_at END,
+    history_seq = history_seq + :events
+WHERE id = :id
+RETURNING *
+
+-- name: execution_park
+UPDATE veracity_executions SET
+    status = 'paused', paused_from = 'pending', pause_requested_at = NULL,
+    lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id = :id AND status IN (SELECT value FROM json_each(:from_states))
+RETURNING *
+
+-- name: execution_open_children
+SELECT count(*) AS n FROM veracity_executions
+WHERE parent_id = :id
+  AND status NOT IN ('completed', 'failed', 'failed_transient', 'cancelled')
+
+-- name: execution_stop_cancelled
+UPDATE veracity_executions SET
+    status = :to_status,
+    wake_at = NULL,
+    blocked_seq = signal_seq,
+    lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id = :id AND status IN (SELECT value FROM json_each(:from_states))
+RETURNING *
+
+-- name: execution_signal
+SELECT signal_seq FROM veracity_executions WHERE id = :id
+
+-- name: execution_children
+SELECT * FROM veracity_executions
+WHERE parent_id = :parent_id AND (:join_set IS NULL OR join_set = :join_set)
+ORDER BY (status IN ('completed', 'failed', 'failed_transient', 'cancelled')) DESC,
+         updated_at, id
+
+-- name: execution_interrupts
+SELECT id, lease_epoch, cancel_requested_at, pause_requested_at FROM veracity_executions
+WHERE lease_owner = :owner
+  AND status = 'running'
+  AND (cancel_requested_at IS NOT NULL OR pause_requested_at IS NOT NULL)
+
+-- name: execution_wake_due
+UPDATE veracity_executions SET
+    status = 'pending', wake_at = NULL, updated_at = :now, history_seq = history_seq + 1
+WHERE id IN (SELECT id FROM veracity_executions
+             WHERE status = 'blocked' AND wake_at <= :now
+             ORDER BY wake_at LIMIT :limit)
+  AND status IN (SELECT value FROM json_each(:from_states))
+RETURNING *
+
+-- name: execution_cancel_mark
+UPDATE veracity_executions SET
+    cancel_requested_at = :now,
+    history_seq = history_seq + 1
+WHERE id IN (
+        WITH RECURSIVE tree(id) AS (
+            SELECT :id
+            UNION
+            SELECT c.id FROM veracity_executions AS c JOIN tree AS t ON c.parent_id = t.id
+            WHERE c.status NOT IN (SELECT value FROM json_each(:terminal))
+              AND substr(c.ffqn, -12) = '-cancellable')
+        SELECT id FROM tree)
+  AND cancel_requested_at IS NULL
+  AND status NOT IN (SELECT value FROM json_each(:terminal))
+RETURNING *
+
+-- name: execution_cancel_settle
+UPDATE veracity_executions SET
+    status = 'cancelled', wake_at = NULL, paused_from = NULL,
+    updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id IN (
+        WITH RECURSIVE tree(id) AS (
+            SELECT :root
+            UNION
+            SELECT c.id FROM veracity_executions AS c JOIN tree AS t ON c.parent_id = t.id
+            WHERE c.cancel_requested_at IS NOT NULL)
+        SELECT id FROM tree)
+  AND cancel_requested_at IS NOT NULL
+  AND status IN (SELECT value FROM json_each(:from_states))
+  AND NOT EXISTS (SELECT 1 FROM veracity_executions AS c
+                  WHERE c.parent_id = veracity_executions.id
+                    AND c.status NOT IN (SELECT value FROM json_each(:terminal)))
+RETURNING *
+
+-- name: execution_request_pause
+UPDATE veracity_executions SET pause_requested_at = :now, history_seq = history_seq + 1
+WHERE id = :id
+RETURNING *
+
+-- name: execution_withdraw_pause
+UPDATE veracity_executions SET pause_requested_at = NULL, history_seq = history_seq + 1
+WHERE id = :id
+RETURNING *
+
+-- name: execution_pause
+UPDATE veracity_executions SET
+    paused_from = status, status = 'paused', updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id = :id AND status IN (SELECT value FROM json_each(:from_states))
+RETURNING *
+
+-- name: execution_unpause
+UPDATE veracity_executions SET
+    status = CASE
+        WHEN paused_from = 'blocked' AND blocked_seq = signal_seq
+             AND (wake_at IS NULL OR wake_at > :now)
+        THEN 'blocked' ELSE 'pending' END,
+    wake_at = CASE
+        WHEN paused_from = 'blocked' AND blocked_seq = signal_seq
+             AND (wake_at IS NULL OR wake_at > :now)
+        THEN wake_at ELSE NULL END,
+    paused_from = NULL,
+    updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id = :id AND status = 'paused'
+RETURNING *

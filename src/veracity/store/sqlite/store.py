@@ -40,6 +40,7 @@ from veracity.models import (
     WorkerInfo,
     WorkerRecord,
 )
+from veracity.store import _ops
 from veracity.store._common import (
     check_filter,
     check_journal_kind,
@@ -50,6 +51,7 @@ from veracity.store._common import (
     recover_sources,
     require_aware,
 )
+from veracity.store._engine_methods import EngineMethods
 from veracity.store._sql import load_migrations, load_queries
 
 Q = load_queries("veracity.store.sqlite")
@@ -100,7 +102,17 @@ def row_to_execution(row: sqlite3.Row) -> Execution:
             from_us(row["lease_expires_at"]) if row["lease_expires_at"] is not None else None
         ),
         history_seq=row["history_seq"],
+        join_set=row["join_set"],
+        wake_at=_opt_time(row["wake_at"]),
+        signal_seq=row["signal_seq"],
+        paused_from=row["paused_from"],
+        cancel_requested_at=_opt_time(row["cancel_requested_at"]),
+        pause_requested_at=_opt_time(row["pause_requested_at"]),
     )
+
+
+def _opt_time(value: int | None) -> datetime | None:
+    return from_us(value) if value is not None else None
 
 
 def row_to_worker(row: sqlite3.Row) -> WorkerRecord:
@@ -134,7 +146,7 @@ def path_from_url(url: str) -> Path:
     return Path(url[len(prefix) :])
 
 
-class SqliteStore:
+class SqliteStore(EngineMethods):
     backend = "sqlite"
     supports_notifications = False
 
@@ -264,6 +276,9 @@ class SqliteStore:
                     "params": _dumps(new.params),
                     "deployment_id": new.deployment_id,
                     "parent_id": str(new.parent_id) if new.parent_id else None,
+                    "join_set": new.join_set,
+                    "status": "paused" if new.paused else "pending",
+                    "paused_from": "pending" if new.paused else None,
                     "idempotency_key": new.idempotency_key,
                     "request_digest": new.request_digest,
                     "scheduled_at": to_us(new.scheduled_at) if new.scheduled_at else None,
@@ -278,12 +293,13 @@ class SqliteStore:
                 ours = existing["id"] == str(new.id)
                 return Submitted(row_to_execution(existing), ours, existing["request_digest"])
             ex = row_to_execution(row)
-            self._event(conn, row["id"], 1, "pending", now, {
+            self._event(conn, row["id"], 1, str(ex.status), now, {
                 "ffqn": ex.ffqn,
                 "params": ex.params,
                 "deployment_id": ex.deployment_id,
                 "scheduled_at": ex.scheduled_at.isoformat(),
                 "parent_id": str(ex.parent_id) if ex.parent_id else None,
+                "join_set": ex.join_set,
                 "idempotency_key": ex.idempotency_key,
             })
             return Submitted(ex, True, new.request_digest)
@@ -360,7 +376,7 @@ class SqliteStore:
             return TransitionResult(False, None, "execution does not exist")
         late = late_report_event(report, claim, payload, row_to_execution(got))
         bumped = conn.execute(
-            Q["execution_bump_history"], {"id": str(claim.execution_id)}
+            Q["execution_bump_history"], {"id": str(claim.execution_id), "by": 1}
         ).fetchone()
         self._event(conn, bumped["id"], bumped["history_seq"], "late_report", now, late)
         log.warning(
@@ -584,9 +600,71 @@ class SqliteStore:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
+    def _now(self) -> datetime | None:
+        # the transaction's own time is used instead (see _op)
+        return None
+
+    async def _op(self, factory: Callable[[], _ops.Op]) -> Any:
+        def work(conn: sqlite3.Connection, now: int) -> Any:
+            op = factory()
+            try:
+                query = next(op)
+                while True:
+                    params = {k: _sqlite_param(v) for k, v in query.params.items()}
+                    if "now" in params:
+                        params["now"] = now
+                    rows = conn.execute(Q[query.name], params).fetchall()
+                    query = op.send([_normalise(r) for r in rows])
+            except StopIteration as stop:
+                return stop.value
+
+        return await self._run(self._write, work)
+
+    async def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
+        raise NotImplementedError("SQLite has no notifications; workers learn at heartbeat")
+        yield uuid.UUID(int=0)  # pragma: no cover - makes this an async generator
+
     async def pending_notifications(self) -> AsyncIterator[None]:
         raise NotImplementedError("SQLite has no notifications; workers poll")
         yield None  # pragma: no cover - makes this an async generator
+
+
+UUID_COLUMNS = frozenset({"id", "parent_id", "execution_id"})
+TIME_COLUMNS = frozenset({
+    "scheduled_at", "created_at", "updated_at", "lease_expires_at", "wake_at",
+    "cancel_requested_at", "pause_requested_at", "at", "consumed_at", "started_at",
+    "last_heartbeat", "stopped_at",
+})
+JSON_COLUMNS = frozenset({"params", "result", "error", "data", "payload", "ffqns"})
+
+
+def _sqlite_param(value: Any) -> Any:
+    if isinstance(value, _ops.JsonParam):
+        return _dumps(value.value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return to_us(value)
+    if isinstance(value, list | tuple):
+        return _dumps([_sqlite_param(v) for v in value])
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _normalise(row: sqlite3.Row) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in row.keys():
+        value = row[key]
+        if value is not None:
+            if key in UUID_COLUMNS:
+                value = uuid.UUID(value)
+            elif key in TIME_COLUMNS:
+                value = from_us(value)
+            elif key in JSON_COLUMNS:
+                value = json.loads(value)
+        out[key] = value
+    return out
 
 
 def _split_statements(script: str) -> list[str]:

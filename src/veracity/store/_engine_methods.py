@@ -1,0 +1,111 @@
+"""The durable-engine methods of the Store protocol, shared by both backends: each one
+hands an operation of :mod:`veracity.store._ops` to the backend's ``_op`` driver."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from veracity.models import (
+    JSON,
+    Claim,
+    ControlResult,
+    Execution,
+    Interrupt,
+    NewExecution,
+    Taken,
+    TransitionResult,
+)
+from veracity.store import _ops
+from veracity.store._common import require_aware
+
+
+class EngineMethods:
+    async def _op(self, factory: Callable[[], _ops.Op]) -> Any:
+        raise NotImplementedError
+
+    def _now(self) -> datetime | None:
+        raise NotImplementedError
+
+    async def execution_block_if_owned(
+        self,
+        claim: Claim,
+        *,
+        wake_at: datetime | None,
+        seen_signal: int,
+        events: Sequence[tuple[str, JSON]],
+        reason: str,
+    ) -> TransitionResult:
+        require_aware(wake_at)
+        result: TransitionResult = await self._op(lambda: _ops.block_if_owned(
+            claim, wake_at=wake_at, seen_signal=seen_signal, events=events, reason=reason,
+            now=self._now()))
+        return result
+
+    async def execution_spawn_if_owned(
+        self, claim: Claim, children: Sequence[NewExecution], events: Sequence[tuple[str, JSON]]
+    ) -> TransitionResult:
+        for child in children:
+            require_aware(child.scheduled_at)
+        result: TransitionResult = await self._op(
+            lambda: _ops.spawn_if_owned(claim, children, events, self._now()))
+        return result
+
+    async def execution_children(
+        self, parent_id: uuid.UUID, join_set: str | None = None
+    ) -> tuple[list[Execution], int]:
+        result: tuple[list[Execution], int] = await self._op(
+            lambda: _ops.children(parent_id, join_set))
+        return result
+
+    async def execution_take_message_if_owned(
+        self, claim: Claim, topic: str, pos: int
+    ) -> Taken:
+        result: Taken = await self._op(
+            lambda: _ops.take_message_if_owned(claim, topic, pos, self._now()))
+        return result
+
+    async def execution_stop_if_owned(self, claim: Claim, kind: str) -> TransitionResult:
+        if kind not in ("cancel", "pause"):
+            raise ValueError(f"unknown interrupt {kind!r}")
+        result: TransitionResult = await self._op(
+            lambda: _ops.stop_if_owned(claim, kind, self._now()))
+        return result
+
+    async def execution_interrupts(self, owner: str) -> list[Interrupt]:
+        result: list[Interrupt] = await self._op(lambda: _ops.interrupts(owner))
+        return result
+
+    async def execution_wake_due(self, *, limit: int = 1000) -> list[Execution]:
+        result: list[Execution] = await self._op(lambda: _ops.wake_due(limit, self._now()))
+        return result
+
+    async def message_send(
+        self, execution_id: uuid.UUID, topic: str, payload: JSON
+    ) -> ControlResult:
+        result: ControlResult = await self._op(
+            lambda: _ops.send_message(execution_id, topic, payload, self._now()))
+        return result
+
+    async def execution_cancel(
+        self, execution_id: uuid.UUID, *, actor: str | None = None
+    ) -> ControlResult:
+        result: ControlResult = await self._op(
+            lambda: _ops.cancel(execution_id, actor, self._now()))
+        return result
+
+    async def execution_pause(
+        self, execution_id: uuid.UUID, *, actor: str | None = None
+    ) -> ControlResult:
+        result: ControlResult = await self._op(
+            lambda: _ops.pause(execution_id, actor, self._now()))
+        return result
+
+    async def execution_unpause(
+        self, execution_id: uuid.UUID, *, actor: str | None = None
+    ) -> ControlResult:
+        result: ControlResult = await self._op(
+            lambda: _ops.unpause(execution_id, actor, self._now()))
+        return result

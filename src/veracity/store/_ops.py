@@ -1,0 +1,416 @@
+"""Multi-statement store operations, written once for every backend.
+
+Each operation is a generator that yields :class:`Query` objects (a named query from the
+backend's ``queries.sql`` and its parameters) and receives the rows, normalised to Python
+values (UUIDs, aware datetimes, parsed JSON). A backend drives it inside one transaction:
+PostgreSQL with ``async with conn.transaction()``, SQLite inside ``BEGIN IMMEDIATE`` on its
+thread. The rules live here once; the SQL stays in the ``.sql`` files.
+
+Every operation that changes an execution's status takes the row lock first (PostgreSQL
+``FOR UPDATE``; SQLite's write lock), checks the state it may leave against the transition
+table, and writes its history events with the seqs that follow the row's ``history_seq``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from veracity.core.states import TERMINAL, Status, sources_of
+from veracity.models import (
+    JSON,
+    Claim,
+    ControlResult,
+    Execution,
+    Interrupt,
+    Message,
+    NewExecution,
+    Taken,
+    TransitionResult,
+)
+from veracity.store._common import check_journal_kind, late_report_event
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JsonParam:
+    """A parameter the backend must send as JSON."""
+
+    value: JSON
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    name: str
+    params: dict[str, Any]
+
+
+Op = Generator[Query, list[Row], Any]
+
+TERMINAL_NAMES = [str(s) for s in TERMINAL]
+
+
+def execution_from(row: Row) -> Execution:
+    return Execution(
+        id=row["id"],
+        ffqn=row["ffqn"],
+        params=row["params"],
+        status=Status(row["status"]),
+        result=row["result"],
+        error=row["error"],
+        attempt=row["attempt"],
+        deployment_id=row["deployment_id"],
+        parent_id=row["parent_id"],
+        idempotency_key=row["idempotency_key"],
+        scheduled_at=row["scheduled_at"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        lease_owner=row["lease_owner"],
+        lease_epoch=row["lease_epoch"],
+        lease_expires_at=row["lease_expires_at"],
+        history_seq=row["history_seq"],
+        join_set=row["join_set"],
+        wake_at=row["wake_at"],
+        signal_seq=row["signal_seq"],
+        paused_from=row["paused_from"],
+        cancel_requested_at=row["cancel_requested_at"],
+        pause_requested_at=row["pause_requested_at"],
+    )
+
+
+def message_from(row: Row) -> Message:
+    return Message(
+        id=row["message_id"],
+        execution_id=row["execution_id"],
+        topic=row["topic"],
+        payload=row["payload"],
+        created_at=row["created_at"],
+        consumed_at=row["consumed_at"],
+        consumed_pos=row["consumed_pos"],
+    )
+
+
+def _names(states: Sequence[Status]) -> list[str]:
+    return [str(s) for s in states]
+
+
+# -- building blocks ------------------------------------------------------------------------
+
+
+def _one(rows: list[Row]) -> Row | None:
+    return rows[0] if rows else None
+
+
+def _events(execution_id: uuid.UUID, after_seq: int, events: Sequence[tuple[str, JSON]],
+            now: datetime | None) -> Op:
+    """Append events with the seqs following ``after_seq``."""
+    for i, (kind, data) in enumerate(events, 1):
+        yield Query("history_append", {
+            "execution_id": execution_id, "seq": after_seq + i, "kind": kind,
+            "data": JsonParam(data), "now": now,
+        })
+
+
+def _lock(execution_id: uuid.UUID) -> Op:
+    rows = yield Query("execution_lock", {"id": execution_id})
+    return _one(rows)
+
+
+def _fenced(claim: Claim, now: datetime | None) -> Op:
+    """Lock the execution if ``claim`` still holds its lease, else None."""
+    rows = yield Query("execution_lock_owned", {
+        "id": claim.execution_id, "owner": claim.owner, "epoch": claim.epoch, "now": now,
+    })
+    return _one(rows)
+
+
+def _late(claim: Claim, report: str, payload: JSON, now: datetime | None) -> Op:
+    row = yield from _lock(claim.execution_id)
+    if row is None:
+        return TransitionResult(False, None, "execution does not exist")
+    current = execution_from(row)
+    late = late_report_event(report, claim, payload, current)
+    yield Query("execution_bump_history", {"id": claim.execution_id, "by": 1})
+    yield from _events(claim.execution_id, current.history_seq, [("late_report", late)], now)
+    return TransitionResult(False, current, str(late["reason"]))
+
+
+def _get(execution_id: uuid.UUID) -> Op:
+    rows = yield Query("execution_get", {"id": execution_id})
+    row = _one(rows)
+    return execution_from(row) if row else None
+
+
+# -- worker-side operations (fenced) -------------------------------------------------------
+
+
+def block_if_owned(
+    claim: Claim,
+    *,
+    wake_at: datetime | None,
+    seen_signal: int,
+    events: Sequence[tuple[str, JSON]],
+    reason: str,
+    now: datetime | None,
+) -> Op:
+    """running -> blocked (holding no lease), with the journal events that explain the wait.
+
+    It goes to pending instead when what it waits for already happened: a signal moved
+    since ``seen_signal`` was read, or the timer is already due.
+    """
+    for kind, _ in events:
+        check_journal_kind(kind)
+    row = yield from _fenced(claim, now)
+    if row is None:
+        return (yield from _late(claim, "block", {"reason": reason}, now))
+    seq = row["history_seq"]
+    yield from _events(claim.execution_id, seq, events, now)
+    rows = yield Query("execution_block", {
+        "id": claim.execution_id, "wake_at": wake_at, "seen": seen_signal,
+        "events": len(events), "now": now,
+        "from_states": _names(sources_of(Status.BLOCKED, among=[Status.RUNNING])),
+    })
+    updated = execution_from(rows[0])
+    data: dict[str, JSON] = {"reason": reason, "owner": claim.owner, "epoch": claim.epoch}
+    if wake_at is not None:
+        data["wake_at"] = wake_at.isoformat()
+    if updated.status == Status.PENDING:
+        data["woken"] = "already due" if updated.signal_seq == seen_signal else "signalled"
+    yield from _events(claim.execution_id, seq + len(events), [(str(updated.status), data)], now)
+    return TransitionResult(True, updated)
+
+
+def spawn_if_owned(
+    claim: Claim,
+    children: Sequence[NewExecution],
+    events: Sequence[tuple[str, JSON]],
+    now: datetime | None,
+) -> Op:
+    """Create child (or top-level) executions together with the parent's journal events:
+    a crash can neither lose a child nor create it twice (ids are deterministic)."""
+    for kind, _ in events:
+        check_journal_kind(kind)
+    row = yield from _fenced(claim, now)
+    if row is None:
+        return (yield from _late(claim, "spawn", {"children": [str(c.id) for c in children]},
+                                 now))
+    for child in children:
+        rows = yield Query("execution_insert_child", {
+            "id": child.id, "ffqn": child.ffqn, "params": JsonParam(child.params),
+            "deployment_id": child.deployment_id, "parent_id": child.parent_id,
+            "join_set": child.join_set, "scheduled_at": child.scheduled_at, "now": now,
+        })
+        if rows:
+            created = execution_from(rows[0])
+            yield from _events(child.id, 0, [(str(created.status), {
+                "ffqn": created.ffqn, "params": created.params,
+                "deployment_id": created.deployment_id,
+                "parent_id": str(created.parent_id) if created.parent_id else None,
+                "join_set": created.join_set, "created_by": str(claim.execution_id),
+            })], now)
+    yield Query("execution_bump_history", {"id": claim.execution_id, "by": len(events)})
+    yield from _events(claim.execution_id, row["history_seq"], events, now)
+    return TransitionResult(True, None)
+
+
+def take_message_if_owned(claim: Claim, topic: str, pos: int, now: datetime | None) -> Op:
+    """Take the oldest unread message on ``topic`` and record it in the journal at ``pos``,
+    in one transaction: delivered exactly once."""
+    row = yield from _fenced(claim, now)
+    if row is None:
+        late = yield from _late(claim, "receive", {"topic": topic, "pos": pos}, now)
+        return Taken(False, None, late.execution.signal_seq if late.execution else 0)
+    rows = yield Query("message_oldest_open", {"execution_id": claim.execution_id,
+                                               "topic": topic})
+    found = _one(rows)
+    if found is None:
+        return Taken(True, None, row["signal_seq"])
+    yield Query("message_consume", {"message_id": found["message_id"], "pos": pos, "now": now})
+    message = message_from(found)
+    yield Query("execution_bump_history", {"id": claim.execution_id, "by": 1})
+    yield from _events(claim.execution_id, row["history_seq"], [("message_received", {
+        "pos": pos, "topic": topic, "message_id": message.id, "payload": message.payload,
+    })], now)
+    return Taken(True, message, row["signal_seq"])
+
+
+def stop_if_owned(claim: Claim, kind: str, now: datetime | None) -> Op:
+    """The worker acting on an interrupt at a step boundary.
+
+    cancel: running -> cancelled, or -> blocked while children it may not cancel are still
+    running (the last one to end records it cancelled). pause: running -> paused.
+    """
+    row = yield from _fenced(claim, now)
+    if row is None:
+        return (yield from _late(claim, kind, {"interrupt": kind}, now))
+    seq = row["history_seq"]
+    base: dict[str, JSON] = {"owner": claim.owner, "epoch": claim.epoch}
+    if kind == "pause":
+        rows = yield Query("execution_park", {
+            "id": claim.execution_id, "now": now,
+            "from_states": _names(sources_of(Status.PAUSED, among=[Status.RUNNING])),
+        })
+        yield from _events(claim.execution_id, seq, [("paused", {
+            **base, "reason": "pause requested; parked at a step boundary"})], now)
+        return TransitionResult(True, execution_from(rows[0]))
+    rows = yield Query("execution_open_children", {"id": claim.execution_id})
+    open_children = int(rows[0]["n"])
+    target = Status.BLOCKED if open_children else Status.CANCELLED
+    rows = yield Query("execution_stop_cancelled", {
+        "id": claim.execution_id, "to_status": str(target), "now": now,
+        "from_states": _names(sources_of(target, among=[Status.RUNNING])),
+    })
+    reason = (f"cancel requested; waiting for {open_children} children that cannot be "
+              "cancelled" if open_children else "cancel requested; stopped at its next await")
+    yield from _events(claim.execution_id, seq, [(str(target), {**base, "reason": reason})],
+                       now)
+    return TransitionResult(True, execution_from(rows[0]))
+
+
+# -- reads ---------------------------------------------------------------------------------
+
+
+def children(parent_id: uuid.UUID, join_set: str | None) -> Op:
+    """The parent's signal (read first), then its children in the order they ended."""
+    rows = yield Query("execution_signal", {"id": parent_id})
+    signal = int(rows[0]["signal_seq"]) if rows else 0
+    rows = yield Query("execution_children", {"parent_id": parent_id, "join_set": join_set})
+    return [execution_from(r) for r in rows], signal
+
+
+def interrupts(owner: str) -> Op:
+    rows = yield Query("execution_interrupts", {"owner": owner})
+    return [
+        Interrupt(Claim(r["id"], owner, r["lease_epoch"]),
+                  "cancel" if r["cancel_requested_at"] is not None else "pause")
+        for r in rows
+    ]
+
+
+# -- operator requests ---------------------------------------------------------------------
+
+
+def wake_due(limit: int, now: datetime | None) -> Op:
+    """Blocked executions whose timer is due become pending."""
+    rows = yield Query("execution_wake_due", {
+        "limit": limit, "now": now,
+        "from_states": _names(sources_of(Status.PENDING, among=[Status.BLOCKED])),
+    })
+    woken = [execution_from(r) for r in rows]
+    for e in woken:
+        yield from _events(e.id, e.history_seq - 1, [("pending", {"reason": "timer"})], now)
+    return woken
+
+
+def send_message(execution_id: uuid.UUID, topic: str, payload: JSON,
+                 now: datetime | None) -> Op:
+    row = yield from _lock(execution_id)
+    if row is None:
+        return ControlResult(None)
+    current = execution_from(row)
+    if current.status.is_terminal:
+        return ControlResult(current, refused=f"execution is {current.status}")
+    rows = yield Query("message_insert", {
+        "execution_id": execution_id, "topic": topic, "payload": JsonParam(payload),
+        "now": now,
+    })
+    message = message_from(rows[0])
+    wake = current.status == Status.BLOCKED
+    rows = yield Query("execution_signal_bump", {
+        "id": execution_id, "wake": wake, "now": now,
+        "events": 2 if wake else 1,
+        "from_states": _names(sources_of(Status.PENDING, among=[Status.BLOCKED])),
+    })
+    events: list[tuple[str, JSON]] = [
+        ("message_arrived", {"message_id": message.id, "topic": topic})]
+    if wake:
+        events.append(("pending", {"reason": "message arrived", "topic": topic}))
+    yield from _events(execution_id, current.history_seq, events, now)
+    return ControlResult(execution_from(rows[0]), changed=True, message=message)
+
+
+def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+    """Request cancellation of an execution and, recursively, of its cancellable children;
+    record cancelled at once whatever is not running and has no unfinished children. The
+    caller has checked that the root's name ends in -cancellable."""
+    row = yield from _lock(execution_id)
+    if row is None:
+        return ControlResult(None)
+    root = execution_from(row)
+    if root.status.is_terminal:
+        return ControlResult(root)
+    rows = yield Query("execution_cancel_mark", {
+        "id": execution_id, "now": now, "terminal": TERMINAL_NAMES,
+    })
+    marked = [execution_from(r) for r in rows]
+    for e in marked:
+        yield from _events(e.id, e.history_seq - 1, [("cancel_requested", {
+            "by": actor, "root": str(execution_id)})], now)
+    # settle bottom-up: whatever is not running and has no open children ends now; the
+    # trigger records each parent cancelled once its last child has ended
+    while True:
+        rows = yield Query("execution_cancel_settle", {
+            "root": execution_id, "now": now, "terminal": TERMINAL_NAMES,
+            "from_states": _names(
+                [s for s in sources_of(Status.CANCELLED) if s != Status.RUNNING]),
+        })
+        if not rows:
+            break
+        for r in rows:
+            e = execution_from(r)
+            yield from _events(e.id, e.history_seq - 1, [("cancelled", {
+                "by": actor, "reason": "cancelled on request"
+                if e.id == execution_id else "cancelled with its parent"})], now)
+    after = yield from _get(execution_id)
+    return ControlResult(after, changed=bool(marked))
+
+
+def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+    row = yield from _lock(execution_id)
+    if row is None:
+        return ControlResult(None)
+    current = execution_from(row)
+    if current.status.is_terminal:
+        return ControlResult(current, refused=f"execution is {current.status}")
+    if current.status == Status.PAUSED or (
+        current.status == Status.RUNNING and current.pause_requested_at is not None
+    ):
+        return ControlResult(current)
+    if current.status == Status.RUNNING:
+        rows = yield Query("execution_request_pause", {"id": execution_id, "now": now})
+        yield from _events(execution_id, current.history_seq, [("pause_requested", {
+            "by": actor})], now)
+        return ControlResult(execution_from(rows[0]), changed=True)
+    rows = yield Query("execution_pause", {
+        "id": execution_id, "now": now,
+        "from_states": _names(sources_of(Status.PAUSED, among=[Status.PENDING, Status.BLOCKED])),
+    })
+    yield from _events(execution_id, current.history_seq, [("paused", {
+        "by": actor, "from": str(current.status)})], now)
+    return ControlResult(execution_from(rows[0]), changed=True)
+
+
+def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+    row = yield from _lock(execution_id)
+    if row is None:
+        return ControlResult(None)
+    current = execution_from(row)
+    if current.status == Status.RUNNING and current.pause_requested_at is not None:
+        rows = yield Query("execution_withdraw_pause", {"id": execution_id, "now": now})
+        yield from _events(execution_id, current.history_seq, [("pause_withdrawn", {
+            "by": actor})], now)
+        return ControlResult(execution_from(rows[0]), changed=True)
+    if current.status != Status.PAUSED:
+        return ControlResult(current, refused=f"execution is {current.status}, not paused")
+    rows = yield Query("execution_unpause", {
+        "id": execution_id, "now": now,
+        "from_states": _names(sources_of(Status.PENDING, among=[Status.PAUSED])),
+    })
+    updated = execution_from(rows[0])
+    yield from _events(execution_id, current.history_seq, [(str(updated.status), {
+        "by": actor, "reason": "unpaused"})], now)
+    return ControlResult(updated, changed=True)
