@@ -95,3 +95,106 @@ async def not_json(ctx: Context) -> object:
 @app.workflow("test:timeout/run.fn", timeout=0.2)
 async def times_out(ctx: Context) -> None:
     await asyncio.sleep(5)
+
+
+# -- the durable engine (sleep, children, messages, cancel, pause) --------------------------
+
+
+@app.workflow("test:sleep/run.fn")
+async def sleeper(ctx: Context, seconds: float) -> str:
+    before = ctx.now()
+    await ctx.sleep(seconds)
+    return f"slept since {before.isoformat()}"
+
+
+@app.workflow("test:parent/run.fn")
+async def parent(ctx: Context, values: list[Any]) -> list[Any]:
+    """Children in one join set; results in the order the children ended."""
+    js = ctx.join_set()
+    for value in values:
+        await js.submit("test:echo/run.fn", value)
+    out = []
+    for _ in values:
+        outcome = await js.next()
+        out.append(outcome.result)
+    return out
+
+
+@app.workflow("test:call/run.fn")
+async def caller(ctx: Context, value: Any) -> Any:
+    return await ctx.call("test:echo/run.fn", value)
+
+
+@app.workflow("test:recv/run.fn")
+async def receiver(ctx: Context, topic: str, timeout: float | None = None) -> Any:
+    try:
+        return await ctx.recv(topic, timeout=timeout)
+    except TimeoutError:
+        return "timed out"
+
+
+@app.workflow("test:schedule/run.fn")
+async def scheduler(ctx: Context, value: Any) -> str:
+    scheduled = await ctx.schedule("test:echo/run.fn", value)
+    return str(scheduled)
+
+
+@app.workflow("test:waiter/wait.run-cancellable")
+async def waiter(ctx: Context, topic: str) -> Any:
+    """Cancellable: waits for a message forever."""
+    return await ctx.recv(topic)
+
+
+@app.workflow("test:mid/run.fn")
+async def middle(ctx: Context, topic: str) -> Any:
+    """Not cancellable; waits for a cancellable child that waits for a message."""
+    return await ctx.call("test:waiter/wait.run-cancellable", topic)
+
+
+@app.workflow("test:top/top.run-cancellable")
+async def top(ctx: Context, topic: str) -> Any:
+    """Three levels: top (cancellable) -> mid (not) -> waiter (cancellable); plus a direct
+    cancellable child that waits too."""
+    js = ctx.join_set()
+    await js.submit("test:mid/run.fn", topic)
+    await js.submit("test:waiter/wait.run-cancellable", topic + "-direct")
+    first = await js.next()
+    second = await js.next()
+    return [first.result, second.result]
+
+
+def _read_flag(path: str) -> bool:
+    return Path(path).exists()
+
+
+@app.workflow("test:changing/run.fn")
+async def changing(ctx: Context, flag: str) -> str:
+    """Calls a different step after a restart if ``flag`` exists: nondeterminism."""
+    if Path(flag).exists():
+        await ctx.step(_blocking_sleep_then_mark, flag + ".marks", "b", 0.0)
+    else:
+        await ctx.step(_read_flag, flag)
+    await ctx.sleep(0.3)
+    return "done"
+
+
+async def _tick(i: int) -> int:
+    await asyncio.sleep(0.05)
+    return i
+
+
+@app.workflow("test:ticker/tick.run-cancellable")
+async def ticker(ctx: Context, n: int) -> int:
+    """Many short steps: a running execution to cancel or pause at a step boundary."""
+    total = 0
+    for i in range(n):
+        total += await ctx.step(_tick, i)
+    return total
+
+
+@app.workflow("test:ticker/tick.run")
+async def ticker_plain(ctx: Context, n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += await ctx.step(_tick, i)
+    return total

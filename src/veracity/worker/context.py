@@ -12,15 +12,20 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import math
 import random
+import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overload
 
+from veracity.core.ffqn import InvalidFfqn, validate_ffqn
 from veracity.core.retry import RetryPolicy
-from veracity.models import JSON, Claim, HistoryEvent
+from veracity.core.states import Status
+from veracity.models import JSON, Claim, HistoryEvent, NewExecution, TransitionResult
 
 if TYPE_CHECKING:
     from veracity.store.protocol import Store
@@ -30,7 +35,19 @@ R = TypeVar("R")
 
 STEP_COMPLETED = "step_completed"
 STEP_FAILED = "step_failed"
-JOURNAL_KINDS = frozenset({STEP_COMPLETED, STEP_FAILED})
+NOW_RECORDED = "now_recorded"
+SLEEP_STARTED = "sleep_started"
+CHILD_SUBMITTED = "child_submitted"
+SCHEDULED = "scheduled"
+JOIN_NEXT = "join_next"
+RECV_STARTED = "recv_started"
+MESSAGE_RECEIVED = "message_received"
+RECV_TIMED_OUT = "recv_timed_out"
+JOURNAL_KINDS = frozenset({
+    STEP_COMPLETED, STEP_FAILED, NOW_RECORDED, SLEEP_STARTED, CHILD_SUBMITTED, SCHEDULED,
+    JOIN_NEXT, RECV_STARTED, MESSAGE_RECEIVED, RECV_TIMED_OUT,
+})
+MAX_TOPIC_LENGTH = 256
 
 DEFAULT_STEP_RETRY = RetryPolicy()
 
@@ -43,6 +60,11 @@ class ExecutionInterrupted(BaseException):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class ExecutionSuspended(BaseException):
+    """Raised when the workflow entered a durable wait (sleep, children, message): the
+    execution is blocked in the database and this run ends without holding anything."""
 
 
 class StepFailed(Exception):
@@ -74,6 +96,36 @@ class NondeterminismError(Exception):
         self.new = new
 
 
+class ChildFailed(Exception):
+    """``ctx.call`` of a child that did not complete."""
+
+    def __init__(self, outcome: ChildOutcome) -> None:
+        super().__init__(
+            f"child {outcome.execution_id} ({outcome.ffqn}) ended {outcome.status}: "
+            f"{outcome.error}"
+        )
+        self.outcome = outcome
+
+
+class JoinSetEmpty(Exception):
+    """``next()`` on a join set with no child left to wait for."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildOutcome:
+    """How a child execution ended, as ``JoinSet.next()`` returns it."""
+
+    execution_id: uuid.UUID
+    ffqn: str
+    status: Status
+    result: JSON
+    error: JSON
+
+    @property
+    def ok(self) -> bool:
+        return self.status == Status.COMPLETED
+
+
 def step_name(fn: Callable[..., Any]) -> str:
     module = getattr(fn, "__module__", None) or "?"
     qualname = getattr(fn, "__qualname__", None) or repr(fn)
@@ -101,16 +153,72 @@ class Journal:
     """The recorded outcomes of an execution's earlier runs, by position."""
 
     entries: dict[int, HistoryEvent] = field(default_factory=dict)
+    """The first journal event at each position."""
+    by_pos: dict[int, list[HistoryEvent]] = field(default_factory=dict)
+    """Every journal event at each position (a receive records its start, then its
+    message or its timeout)."""
 
     @classmethod
     def from_history(cls, events: list[HistoryEvent]) -> Journal:
         entries: dict[int, HistoryEvent] = {}
+        by_pos: dict[int, list[HistoryEvent]] = {}
         for ev in events:
             if ev.kind in JOURNAL_KINDS and isinstance(ev.data, Mapping):
                 pos = ev.data.get("pos")
-                if isinstance(pos, int) and pos not in entries:
-                    entries[pos] = ev
-        return cls(entries)
+                if isinstance(pos, int):
+                    entries.setdefault(pos, ev)
+                    by_pos.setdefault(pos, []).append(ev)
+        return cls(entries, by_pos)
+
+    def at(self, pos: int) -> list[HistoryEvent]:
+        return self.by_pos.get(pos, [])
+
+    def find(self, pos: int, kind: str) -> HistoryEvent | None:
+        for ev in self.at(pos):
+            if ev.kind == kind:
+                return ev
+        return None
+
+
+def describe(ev: HistoryEvent) -> str:
+    """A journal event as a call, for nondeterminism messages."""
+    data = ev.data
+    if ev.kind in (STEP_COMPLETED, STEP_FAILED):
+        return f"step {data.get('name')}"
+    if ev.kind == SLEEP_STARTED:
+        return "sleep"
+    if ev.kind in (CHILD_SUBMITTED, SCHEDULED):
+        return f"{'submit' if ev.kind == CHILD_SUBMITTED else 'schedule'} {data.get('ffqn')}"
+    if ev.kind == JOIN_NEXT:
+        return f"next() of join set {data.get('join_set')}"
+    if ev.kind in (RECV_STARTED, MESSAGE_RECEIVED, RECV_TIMED_OUT):
+        return f"recv({data.get('topic')!r})"
+    if ev.kind == NOW_RECORDED:
+        return "now()"
+    return ev.kind
+
+
+class JoinSet:
+    """Child executions awaited together; ``next()`` returns them in the order they end."""
+
+    def __init__(self, ctx: Context, name: str) -> None:
+        self._ctx = ctx
+        self.name = name
+        self.submitted: list[uuid.UUID] = []
+        self.consumed: set[uuid.UUID] = set()
+
+    async def submit(self, ffqn: str, *params: Any) -> uuid.UUID:
+        """Start a child execution of ``ffqn`` in this join set; returns its id."""
+        return await self._ctx._submit_child(self, ffqn, list(params))
+
+    async def next(self) -> ChildOutcome:
+        """The next child of this set to end (in the order they ended), with its result or
+        error. Blocks the execution durably until one has ended."""
+        return await self._ctx._join_next(self)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.submitted) - len(self.consumed)
 
 
 class Context:
@@ -127,6 +235,8 @@ class Context:
         journal: Journal | None = None,
         rng: random.Random | None = None,
         lease_valid: Callable[[], bool] | None = None,
+        clock_base: datetime | None = None,
+        signal_seq: int = 0,
     ) -> None:
         self._store = store
         self._claim = claim
@@ -135,6 +245,11 @@ class Context:
         self._interrupt: str | None = None
         self._rng = rng or random.Random()
         self._lease_valid = lease_valid or (lambda: True)
+        self._clock_base = clock_base or datetime.now(UTC)
+        self._mono_base = time.monotonic()
+        self._signal_seq = signal_seq
+        self._unwritten: list[tuple[str, JSON]] = []
+        self._join_sets = 0
         self.execution_id = execution_id
         self.deployment_id = deployment_id
         self.attempt = attempt
@@ -196,10 +311,9 @@ class Context:
         name: str | None,
     ) -> Any:
         self._check()
-        pos = self._position
-        self._position += 1
+        pos = self._next_position()
         label = name or step_name(fn)
-        recorded = self._journal.entries.get(pos)
+        recorded = self._recorded(pos, (STEP_COMPLETED, STEP_FAILED), f"step {label}")
         if recorded is not None:
             return self._replay(pos, label, recorded)
         policy = retry or DEFAULT_STEP_RETRY
@@ -251,23 +365,285 @@ class Context:
         return data.get("result")
 
     async def _checkpoint(self, kind: str, data: dict[str, JSON]) -> None:
-        """Write a journal event under the lease. Database trouble is retried while the
-        lease can still be valid; then the run stops (ExecutionInterrupted, which workflow
-        code cannot swallow): an infrastructure error is never the workflow's own error."""
+        """Write a journal event under the lease (with any recorded-but-unwritten times
+        before it). Database trouble is retried while the lease can still be valid; then the
+        run stops (ExecutionInterrupted, which workflow code cannot swallow): an
+        infrastructure error is never the workflow's own error."""
+        pending = [*self._unwritten, (kind, data)]
+
+        async def write() -> TransitionResult:
+            if len(pending) == 1:
+                return await self._store.execution_checkpoint_if_owned(
+                    self._claim, kind, data
+                )
+            return await self._store.execution_spawn_if_owned(self._claim, [], pending)
+
+        outcome = await self._retrying(write)
+        self._unwritten.clear()
+        if not outcome.applied:
+            # fenced out: someone else owns the execution now; stop without writing more
+            self.interrupt("lease_lost")
+            raise ExecutionInterrupted("lease_lost")
+
+    async def _retrying(self, write: Callable[[], Awaitable[R]]) -> R:
         delay = 0.05
         while True:
             try:
-                outcome = await self._store.execution_checkpoint_if_owned(
-                    self._claim, kind, data
-                )
-                break
+                return await write()
             except Exception as exc:
                 if not self._lease_valid():
                     self.interrupt("checkpoint failed")
                     raise ExecutionInterrupted("checkpoint failed") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+    # -- positions, time, and the durable waits ------------------------------------------
+
+    def _next_position(self) -> int:
+        pos = self._position
+        self._position += 1
+        return pos
+
+    def _recorded(self, pos: int, kinds: tuple[str, ...], call: str) -> HistoryEvent | None:
+        """The journal event recorded at ``pos``, checked to be of the same call."""
+        events = self._journal.at(pos)
+        if not events:
+            return None
+        if events[0].kind not in kinds:
+            raise NondeterminismError(pos, describe(events[0]), call)
+        return events[0]
+
+    def _estimate_now(self) -> datetime:
+        """The database's time, estimated as the claim's time (read from the database) plus
+        the time elapsed since, by the monotonic clock: never this host's wall clock."""
+        return self._clock_base + timedelta(seconds=time.monotonic() - self._mono_base)
+
+    def now(self) -> datetime:
+        """The current time, recorded: a replay sees the same value at the same point."""
+        self._check()
+        pos = self._next_position()
+        recorded = self._recorded(pos, (NOW_RECORDED,), "now()")
+        if recorded is not None:
+            return datetime.fromisoformat(str(recorded.data["value"]))
+        value = self._estimate_now()
+        # written with the next journal write: until then nothing durable depended on it
+        self._unwritten.append((NOW_RECORDED, {"pos": pos, "value": value.isoformat()}))
+        return value
+
+    async def sleep(self, duration: timedelta | float) -> None:
+        """Sleep durably: the execution blocks, holds no lease and no worker, and resumes
+        on any worker at the wake time (surviving restarts of every process)."""
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError("sleep duration must be a finite number of seconds, 0 or more")
+        await self._sleep(None, timedelta(seconds=seconds))
+
+    async def sleep_until(self, when: datetime) -> None:
+        """Sleep durably until ``when`` (timezone-aware)."""
+        if when.tzinfo is None:
+            raise ValueError("sleep_until needs a timezone-aware time")
+        await self._sleep(when, None)
+
+    async def _sleep(self, when: datetime | None, duration: timedelta | None) -> None:
+        self._check()
+        pos = self._next_position()
+        recorded = self._recorded(pos, (SLEEP_STARTED,), "sleep")
+        events: list[tuple[str, JSON]] = []
+        if recorded is not None:
+            until = datetime.fromisoformat(str(recorded.data["until"]))
+        else:
+            until = when if when is not None else self._estimate_now() + (duration or timedelta())
+            events.append((SLEEP_STARTED, {"pos": pos, "until": until.isoformat()}))
+        if until <= self._estimate_now():
+            if events:
+                self._unwritten.extend(events)
+            return
+        await self._block(until, self._signal_seq, events, "sleep")
+
+    async def _block(
+        self, wake_at: datetime | None, seen: int, events: list[tuple[str, JSON]], reason: str
+    ) -> NoReturn:
+        pending = [*self._unwritten, *events]
+        outcome = await self._retrying(lambda: self._store.execution_block_if_owned(
+            self._claim, wake_at=wake_at, seen_signal=seen, events=pending, reason=reason))
+        self._unwritten.clear()
         if not outcome.applied:
-            # fenced out: someone else owns the execution now; stop without writing more
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")
+        raise ExecutionSuspended(reason)
+
+    # children
+
+    def join_set(self) -> JoinSet:
+        """A new join set for child executions."""
+        name = f"js{self._join_sets}"
+        self._join_sets += 1
+        return JoinSet(self, name)
+
+    async def call(self, ffqn: str, *params: Any) -> JSON:
+        """Run one child execution and wait for it: its result, or ChildFailed."""
+        js = self.join_set()
+        await js.submit(ffqn, *params)
+        outcome = await js.next()
+        if not outcome.ok:
+            raise ChildFailed(outcome)
+        return outcome.result
+
+    async def schedule(
+        self, ffqn: str, *params: Any, execution_id: uuid.UUID | str | None = None
+    ) -> uuid.UUID:
+        """Create a top-level execution (not a child: nothing waits for it, cancelling this
+        one does not touch it), recorded so that a replay never creates it twice."""
+        self._check()
+        validate_ffqn_for_workflow(ffqn)
+        pos = self._next_position()
+        recorded = self._recorded(pos, (SCHEDULED,), f"schedule {ffqn}")
+        if recorded is not None:
+            if recorded.data.get("ffqn") != ffqn:
+                raise NondeterminismError(pos, describe(recorded), f"schedule {ffqn}")
+            return uuid.UUID(str(recorded.data["execution_id"]))
+        if execution_id is None:
+            new_id = uuid.uuid5(self.execution_id, f"schedule:{pos}")
+        else:
+            new_id = execution_id if isinstance(execution_id, uuid.UUID) else uuid.UUID(
+                execution_id)
+        values = to_json_value(list(params), f"the parameters of {ffqn}")
+        await self._spawn(
+            NewExecution(ffqn=ffqn, params=values, deployment_id=self.deployment_id, id=new_id),
+            (SCHEDULED, {"pos": pos, "execution_id": str(new_id), "ffqn": ffqn,
+                         "params": values}),
+        )
+        return new_id
+
+    async def _spawn(self, child: NewExecution, event: tuple[str, JSON]) -> None:
+        pending = [*self._unwritten, event]
+        outcome = await self._retrying(
+            lambda: self._store.execution_spawn_if_owned(self._claim, [child], pending))
+        self._unwritten.clear()
+        if not outcome.applied:
+            self.interrupt("lease_lost")
+            raise ExecutionInterrupted("lease_lost")
+
+    async def _submit_child(self, js: JoinSet, ffqn: str, params: list[Any]) -> uuid.UUID:
+        self._check()
+        validate_ffqn_for_workflow(ffqn)
+        pos = self._next_position()
+        recorded = self._recorded(pos, (CHILD_SUBMITTED,), f"submit {ffqn}")
+        if recorded is not None:
+            if recorded.data.get("ffqn") != ffqn:
+                raise NondeterminismError(pos, describe(recorded), f"submit {ffqn}")
+            child_id = uuid.UUID(str(recorded.data["child_id"]))
+            js.submitted.append(child_id)
+            return child_id
+        child_id = uuid.uuid5(self.execution_id, f"child:{pos}")
+        values = to_json_value(params, f"the parameters of {ffqn}")
+        await self._spawn(
+            NewExecution(ffqn=ffqn, params=values, deployment_id=self.deployment_id,
+                         id=child_id, parent_id=self.execution_id, join_set=js.name),
+            (CHILD_SUBMITTED, {"pos": pos, "child_id": str(child_id), "ffqn": ffqn,
+                               "params": values, "join_set": js.name}),
+        )
+        js.submitted.append(child_id)
+        return child_id
+
+    async def _join_next(self, js: JoinSet) -> ChildOutcome:
+        self._check()
+        pos = self._next_position()
+        recorded = self._recorded(pos, (JOIN_NEXT,), f"next() of join set {js.name}")
+        if recorded is not None:
+            outcome = _outcome(recorded.data)
+            js.consumed.add(outcome.execution_id)
+            return outcome
+        if js.remaining <= 0:
+            raise JoinSetEmpty(f"join set {js.name} has no child left to wait for")
+        children, signal = await self._retrying(
+            lambda: self._store.execution_children(self.execution_id, js.name))
+        for child in children:
+            if (child.status.is_terminal and child.id in js.submitted
+                    and child.id not in js.consumed):
+                data: dict[str, JSON] = {
+                    "pos": pos, "join_set": js.name, "child_id": str(child.id),
+                    "ffqn": child.ffqn, "status": str(child.status),
+                    "result": child.result, "error": child.error,
+                }
+                await self._checkpoint(JOIN_NEXT, data)
+                js.consumed.add(child.id)
+                return _outcome(data)
+        await self._block(None, signal, [], f"waiting for a child of join set {js.name}")
+
+    # messages
+
+    async def recv(self, topic: str, timeout: timedelta | float | None = None) -> JSON:
+        """The next message sent to this execution on ``topic`` (delivered exactly once).
+        Blocks the execution durably until one arrives; with ``timeout``, raises
+        TimeoutError once it has passed."""
+        if not isinstance(topic, str) or not 1 <= len(topic) <= MAX_TOPIC_LENGTH:
+            raise ValueError(f"topic must be 1 to {MAX_TOPIC_LENGTH} characters")
+        seconds: float | None = None
+        if timeout is not None:
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+            if not math.isfinite(seconds) or seconds < 0:
+                raise ValueError("timeout must be a finite number of seconds, 0 or more")
+        self._check()
+        pos = self._next_position()
+        call = f"recv({topic!r})"
+        first = self._recorded(pos, (RECV_STARTED, MESSAGE_RECEIVED, RECV_TIMED_OUT), call)
+        if first is not None and first.data.get("topic") != topic:
+            raise NondeterminismError(pos, describe(first), call)
+        got = self._journal.find(pos, MESSAGE_RECEIVED)
+        if got is not None:
+            return got.data.get("payload")
+        if self._journal.find(pos, RECV_TIMED_OUT) is not None:
+            raise TimeoutError(f"no message on {topic!r} within the timeout")
+        started = self._journal.find(pos, RECV_STARTED)
+        deadline: datetime | None = None
+        events: list[tuple[str, JSON]] = []
+        if started is not None:
+            if started.data.get("deadline"):
+                deadline = datetime.fromisoformat(str(started.data["deadline"]))
+        elif seconds is not None:
+            deadline = self._estimate_now() + timedelta(seconds=seconds)
+        if self._unwritten:
+            await self._flush()
+        taken = await self._retrying(
+            lambda: self._store.execution_take_message_if_owned(self._claim, topic, pos))
+        if not taken.applied:
+            self.interrupt("lease_lost")
+            raise ExecutionInterrupted("lease_lost")
+        if taken.message is not None:
+            return taken.message.payload
+        if deadline is not None and deadline <= self._estimate_now():
+            await self._checkpoint(RECV_TIMED_OUT, {"pos": pos, "topic": topic})
+            raise TimeoutError(f"no message on {topic!r} within the timeout")
+        if started is None:
+            events.append((RECV_STARTED, {
+                "pos": pos, "topic": topic,
+                "deadline": deadline.isoformat() if deadline else None}))
+        await self._block(deadline, taken.signal_seq, events,
+                          f"waiting for a message on {topic!r}")
+
+    async def _flush(self) -> None:
+        pending = list(self._unwritten)
+        outcome = await self._retrying(
+            lambda: self._store.execution_spawn_if_owned(self._claim, [], pending))
+        self._unwritten.clear()
+        if not outcome.applied:
+            self.interrupt("lease_lost")
+            raise ExecutionInterrupted("lease_lost")
+
+
+def _outcome(data: Mapping[str, Any]) -> ChildOutcome:
+    return ChildOutcome(
+        execution_id=uuid.UUID(str(data["child_id"])),
+        ffqn=str(data.get("ffqn")),
+        status=Status(str(data["status"])),
+        result=data.get("result"),
+        error=data.get("error"),
+    )
+
+
+def validate_ffqn_for_workflow(ffqn: str) -> None:
+    try:
+        validate_ffqn(ffqn)
+    except InvalidFfqn as exc:
+        raise ValueError(str(exc)) from None

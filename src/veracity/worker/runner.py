@@ -33,6 +33,7 @@ from veracity.store.protocol import Store
 from veracity.worker.context import (
     Context,
     ExecutionInterrupted,
+    ExecutionSuspended,
     Journal,
     NondeterminismError,
     NotJSONError,
@@ -87,6 +88,8 @@ class Run:
     claim: Claim
     ctx: Context | None = None
     task: asyncio.Task[None] | None = None
+    interrupt: str | None = None
+    """A cancel or pause that arrived before the context existed."""
 
 
 @dataclass
@@ -158,6 +161,7 @@ class Worker:
         self._completer = Completer(store, self.id)
         self._trouble = RateLimitedLog(interval=max(self.settings.poll_interval, 5.0))
         self._lease_deadline: dict[uuid.UUID, float] = {}
+        self._next_timer_check = 0.0
         self.claimed_total = 0
         self.finished_total = 0
 
@@ -179,6 +183,8 @@ class Worker:
         helpers = [asyncio.create_task(self._heartbeat_loop(), name="veracity-heartbeat")]
         if self.settings.notifications and self.store.supports_notifications:
             helpers.append(asyncio.create_task(self._listen_loop(), name="veracity-listen"))
+            helpers.append(asyncio.create_task(self._interrupt_loop(),
+                                               name="veracity-interrupts"))
         try:
             await self._claim_loop()
         finally:
@@ -233,6 +239,10 @@ class Worker:
                 continue
             self._wake.clear()  # before the claim: a hint arriving during it is kept
             try:
+                if time.monotonic() >= self._next_timer_check:
+                    # due durable timers (sleeps, receive timeouts) become pending
+                    self._next_timer_check = time.monotonic() + self.settings.poll_interval
+                    await self.store.execution_wake_due(limit=1000)
                 batch = await self.store.execution_claim(
                     self.id, self.ffqns, limit=free, lease_ttl=self.ttl
                 )
@@ -280,9 +290,15 @@ class Worker:
                 journal=journal,
                 lease_valid=lambda: time.monotonic() < self._lease_deadline.get(
                     execution.id, 0.0),
+                clock_base=execution.updated_at,  # the claim's time, by the database
+                signal_seq=execution.signal_seq,
             )
             run.ctx = ctx
+            if run.interrupt is not None:
+                ctx.interrupt(run.interrupt)
             await self._run_workflow(wf, run, ctx)
+        except ExecutionSuspended:
+            pass  # blocked in the database: nothing held, nothing more to write
         except ExecutionInterrupted as stop:
             await self._interrupted(claim, stop.reason)
         except asyncio.CancelledError:
@@ -313,7 +329,7 @@ class Worker:
                 value = await asyncio.wait_for(call, wf.timeout.total_seconds())
             else:
                 value = await call
-        except ExecutionInterrupted:
+        except (ExecutionInterrupted, ExecutionSuspended):
             raise
         except TimeoutError as exc:
             if wf.timeout is not None and ctx.interrupted is None:
@@ -332,8 +348,8 @@ class Worker:
         except Exception as exc:
             await self._fail(claim, workflow_error("workflow_error", exc))
             return
-        if ctx.interrupted is not None:
-            raise ExecutionInterrupted(ctx.interrupted)
+        # The workflow returned: its completion is written even if a cancel or pause arrived
+        # meanwhile (the cancel is then kept as a late report); a lost lease fences it out.
         try:
             result = to_json_value(value, "the workflow's result")
         except NotJSONError as exc:
@@ -348,6 +364,14 @@ class Worker:
         if reason == "lease_lost":
             log.warning("lease lost; stopped at a step boundary",
                         extra={**EXTRA, "execution_id": str(claim.execution_id)})
+            return
+        if reason in ("cancel", "pause"):
+            outcome = await self._write(
+                lambda: self.store.execution_stop_if_owned(claim, reason), claim)
+            log.info("%s at a step boundary", reason,
+                     extra={**EXTRA, "execution_id": str(claim.execution_id),
+                            "status": str(outcome.execution.status)
+                            if outcome and outcome.execution else None})
             return
         await self._release(claim, reason)
 
@@ -397,7 +421,20 @@ class Worker:
             else:
                 lost.append(run.claim)
                 self._lose(run, "renewal refused")
+        await self.check_interrupts()
         return lost
+
+    async def check_interrupts(self) -> None:
+        """Tell runs whose cancel or pause was requested to stop at their next await."""
+        if not self.runs:
+            return
+        for item in await self.store.execution_interrupts(self.id):
+            run = self.runs.get(item.claim.execution_id)
+            if run is None or run.claim.epoch != item.claim.epoch:
+                continue
+            run.interrupt = item.kind
+            if run.ctx is not None:
+                run.ctx.interrupt(item.kind)
 
     def _lose(self, run: Run, why: str) -> None:
         if run.ctx is not None:
@@ -431,6 +468,21 @@ class Worker:
             except Exception as exc:
                 self._trouble.warning("listen", "notifications lost, reconnecting: %s", exc)
             self._wake.set()  # something may have arrived while we were not listening
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _interrupt_loop(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async for execution_id in self.store.interrupt_notifications():
+                    if execution_id in self.runs:
+                        await self.check_interrupts()
+                    delay = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._trouble.warning("listen", "interrupts lost, reconnecting: %s", exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
