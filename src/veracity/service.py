@@ -15,15 +15,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from veracity._ids import new_execution_id, parse_execution_id
-from veracity.core.ffqn import InvalidFfqn, validate_ffqn
+from veracity.core.ffqn import CANCELLABLE_SUFFIX, InvalidFfqn, is_cancellable, validate_ffqn
 from veracity.core.states import Status
 from veracity.errors import BadRequest, Conflict, InvalidInput, NotFound, PayloadTooLarge
 from veracity.models import (
     JSON,
+    ControlResult,
     Execution,
     ExecutionFilter,
     HistoryEvent,
     ListCursor,
+    Message,
     NewExecution,
     WorkerRecord,
 )
@@ -33,6 +35,7 @@ MAX_LIST_LIMIT = 1000
 MAX_HISTORY_LIMIT = 10_000
 MAX_IDEMPOTENCY_KEY = 256
 MAX_JSON_DEPTH = 128
+MAX_TOPIC_LENGTH = 256
 # PostgreSQL's timestamptz ends at 294276 AD; keep far from both ends of every backend
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
@@ -57,12 +60,16 @@ def canonical_json(value: JSON) -> str:
                       allow_nan=False)
 
 
-def request_digest(ffqn: str, params: list[JSON], scheduled_at: datetime | None) -> str:
-    body = {
+def request_digest(
+    ffqn: str, params: list[JSON], scheduled_at: datetime | None, paused: bool = False
+) -> str:
+    body: dict[str, JSON] = {
         "ffqn": ffqn,
         "params": params,
         "scheduled_at": scheduled_at.astimezone(UTC).isoformat() if scheduled_at else None,
     }
+    if paused:  # only when set, so digests of earlier requests stay the same
+        body["paused"] = True
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
@@ -165,6 +172,7 @@ class ExecutionService:
         *,
         idempotency_key: str | None = None,
         scheduled_at: datetime | None = None,
+        paused: bool = False,
     ) -> tuple[Execution, bool]:
         """Create a pending execution; returns it and whether it was created now."""
         self._check_workflow(ffqn)
@@ -181,7 +189,7 @@ class ExecutionService:
                 code="invalid_idempotency_key",
             )
         check_time("scheduled_at", scheduled_at)
-        digest = request_digest(ffqn, param_list, scheduled_at)
+        digest = request_digest(ffqn, param_list, scheduled_at, paused)
         submitted = await self.store.execution_submit(
             NewExecution(
                 ffqn=ffqn,
@@ -191,6 +199,7 @@ class ExecutionService:
                 idempotency_key=idempotency_key,
                 request_digest=digest if idempotency_key else None,
                 scheduled_at=scheduled_at,
+                paused=paused,
             )
         )
         if submitted.created and self.on_submitted is not None:
@@ -253,3 +262,62 @@ class ExecutionService:
         if after_seq < 0:
             raise InvalidInput("after_seq must be 0 or more", code="invalid_after_seq")
         return await self.store.history_list(execution.id, after_seq=after_seq, limit=limit)
+
+    # -- operator requests -------------------------------------------------------------
+
+    def _found(self, ident: uuid.UUID, result: ControlResult) -> Execution:
+        if result.execution is None:
+            raise NotFound(f"execution {ident} does not exist")
+        if result.refused is not None:
+            raise Conflict(result.refused, code="wrong_state",
+                           state=str(result.execution.status))
+        return result.execution
+
+    async def cancel(self, execution_id: str | uuid.UUID, *, actor: str | None = None
+                     ) -> tuple[Execution, bool]:
+        """Cancel (seed 001): only -cancellable workflows; terminal or repeated: no change."""
+        execution = await self.get(execution_id)
+        if execution.status.is_terminal:
+            return execution, False
+        if not is_cancellable(execution.ffqn):
+            raise Conflict(
+                f"{execution.ffqn} cannot be cancelled: only workflows whose name ends in "
+                f"{CANCELLABLE_SUFFIX} can. Pause it instead (PUT /v1/executions/"
+                f"{execution.id}/pause): a paused execution stays visible and uses no worker.",
+                code="not_cancellable", state=str(execution.status),
+            )
+        result = await self.store.execution_cancel(execution.id, actor=actor)
+        return self._found(execution.id, result), result.changed
+
+    async def pause(self, execution_id: str | uuid.UUID, *, actor: str | None = None
+                    ) -> tuple[Execution, bool]:
+        ident = await self._ident(execution_id)
+        result = await self.store.execution_pause(ident, actor=actor)
+        return self._found(ident, result), result.changed
+
+    async def unpause(self, execution_id: str | uuid.UUID, *, actor: str | None = None
+                      ) -> tuple[Execution, bool]:
+        ident = await self._ident(execution_id)
+        result = await self.store.execution_unpause(ident, actor=actor)
+        execution = self._found(ident, result)
+        if result.changed and self.on_submitted is not None:
+            self.on_submitted()
+        return execution, result.changed
+
+    async def send(self, execution_id: str | uuid.UUID, topic: str, payload: JSON
+                   ) -> tuple[Execution, Message]:
+        ident = await self._ident(execution_id)
+        if not isinstance(topic, str) or not 1 <= len(topic) <= MAX_TOPIC_LENGTH \
+                or "\x00" in topic:
+            raise InvalidInput(f"topic must be 1 to {MAX_TOPIC_LENGTH} characters (no NUL)",
+                               code="invalid_topic")
+        self._check_payload("payload", payload)
+        result = await self.store.message_send(ident, topic, payload)
+        execution = self._found(ident, result)
+        assert result.message is not None
+        if self.on_submitted is not None:
+            self.on_submitted()
+        return execution, result.message
+
+    async def _ident(self, execution_id: str | uuid.UUID) -> uuid.UUID:
+        return execution_id if isinstance(execution_id, uuid.UUID) else parse_id(execution_id)

@@ -21,6 +21,8 @@ from veracity.api.schemas import (
     Health,
     HistoryItem,
     HistoryPage,
+    MessageOut,
+    MessageRequest,
     SubmitRequest,
     WorkerOut,
     WorkerPage,
@@ -118,6 +120,7 @@ def create_api(
             body.params,
             idempotency_key=body.idempotency_key,
             scheduled_at=body.scheduled_at,
+            paused=body.paused,
         )
         if not created:
             response.status_code = 200
@@ -155,6 +158,41 @@ def create_api(
         execution = await service.get(execution_id)
         waiting = await service.waiting_reasons([execution])
         return ExecutionOut.of(execution, waiting.get(execution.id))
+
+    @app.put("/v1/executions/{execution_id}/cancel", response_model=ExecutionOut,
+             responses=ERRORS)
+    async def cancel(execution_id: str, service: Service) -> ExecutionOut:
+        """Cancel an execution whose workflow name ends in -cancellable, and recursively its
+        cancellable children. A running one stops at its next await. Cancelling a terminal
+        execution, or twice, answers 200 and changes nothing; any other name answers 409."""
+        execution, _ = await service.cancel(execution_id)
+        return ExecutionOut.of(execution)
+
+    @app.put("/v1/executions/{execution_id}/pause", response_model=ExecutionOut,
+             responses=ERRORS)
+    async def pause(execution_id: str, service: Service) -> ExecutionOut:
+        """Hold any non-terminal execution: pending and blocked ones at once, a running one at
+        its next step boundary (it releases its lease). 409 for a terminal one."""
+        execution, _ = await service.pause(execution_id)
+        return ExecutionOut.of(execution)
+
+    @app.put("/v1/executions/{execution_id}/unpause", response_model=ExecutionOut,
+             responses=ERRORS)
+    async def unpause(execution_id: str, service: Service) -> ExecutionOut:
+        """Back to pending (or blocked, if it still waits for something). 409 if not paused."""
+        execution, _ = await service.unpause(execution_id)
+        return ExecutionOut.of(execution)
+
+    @app.post("/v1/executions/{execution_id}/messages", status_code=201,
+              response_model=MessageOut, responses=ERRORS)
+    async def send_message(
+        execution_id: str, body: MessageRequest, service: Service
+    ) -> MessageOut:
+        """Store a message durably for recv(topic); wakes the execution if it waits.
+        409 for a terminal execution."""
+        execution, message = await service.send(execution_id, body.topic, body.payload)
+        return MessageOut(message_id=message.id, execution_id=str(execution.id),
+                          topic=message.topic, created_at=message.created_at)
 
     @app.get("/v1/workers", response_model=WorkerPage, responses=ERRORS)
     async def list_workers(

@@ -29,11 +29,12 @@ _HTTP_CODES = {
 
 
 def error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any
+    http_status: int, code: str, message: str, headers: dict[str, str] | None = None,
+    **extra: Any,
 ) -> JSONResponse:
     body: dict[str, Any] = {"code": code, "message": message}
     body.update(extra)
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
+    return JSONResponse({"error": body}, status_code=http_status, headers=headers)
 
 
 def _describe(err: dict[str, Any]) -> str:
@@ -54,7 +55,7 @@ def _allowed_methods(request: Request) -> set[str]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(VeracityError)
     async def veracity_error(_: Request, exc: VeracityError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message)
+        return error_response(exc.status, exc.code, exc.message, **exc.details)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -34,6 +34,21 @@ class SubmitRequest(BaseModel):
     scheduled_at: Annotated[AwareDatetime | None, BeforeValidator(_time_text)] = Field(
         default=None, description="Not claimable before this time (default: now)"
     )
+    paused: bool = Field(default=False, description="Submit on hold (status paused)")
+
+
+class MessageRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    topic: str = Field(min_length=1, max_length=256, description="What recv(topic) waits on")
+    payload: Any = Field(default=None, description="Any JSON value")
+
+
+class MessageOut(BaseModel):
+    message_id: int
+    execution_id: str
+    topic: str
+    created_at: datetime
 
 
 class ExecutionOut(BaseModel):
@@ -53,6 +68,9 @@ class ExecutionOut(BaseModel):
     lease_owner: str | None
     lease_epoch: int
     lease_expires_at: datetime | None
+    wake_at: datetime | None = None
+    cancel_requested_at: datetime | None = None
+    pause_requested_at: datetime | None = None
     waiting_reason: str | None = Field(
         default=None, description="Why a pending execution is not being run (if known)"
     )
@@ -76,6 +94,9 @@ class ExecutionOut(BaseModel):
             lease_owner=e.lease_owner,
             lease_epoch=e.lease_epoch,
             lease_expires_at=e.lease_expires_at,
+            wake_at=e.wake_at,
+            cancel_requested_at=e.cancel_requested_at,
+            pause_requested_at=e.pause_requested_at,
             waiting_reason=waiting_reason,
         )
 

@@ -23,7 +23,7 @@ from veracity.cli.output import fmt_time, print_fields, print_json, print_table,
 from veracity.config import Settings, load_settings
 from veracity.core.states import Status
 from veracity.errors import ConfigError, VeracityError
-from veracity.models import Execution, ExecutionFilter, HistoryEvent
+from veracity.models import Execution, ExecutionFilter, HistoryEvent, Message
 from veracity.runtime import Runtime, open_runtime, redact_url
 from veracity.store import open_store
 
@@ -258,9 +258,10 @@ def _parse_params(params_json: str | None, values: tuple[str, ...]) -> list[Any]
 @click.option("--idempotency-key", default=None, help="Submitting again returns the same one.")
 @click.option("--scheduled-at", default=None, metavar="TIME",
               help="ISO 8601 time before which it is not run.")
+@click.option("--paused", is_flag=True, help="Submit on hold (unpause to run it).")
 def submit(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
            ffqn: str, params: tuple[str, ...], params_json: str | None,
-           idempotency_key: str | None, scheduled_at: str | None) -> None:
+           idempotency_key: str | None, scheduled_at: str | None, paused: bool) -> None:
     """Submit an execution of FFQN; each PARAM is a JSON value."""
     settings = settings_from(config_path, database_url=database_url, app=app)
     values = _parse_params(params_json, params)
@@ -268,7 +269,7 @@ def submit(config_path: str | None, database_url: str | None, app: str | None, a
 
     async def go(rt: Runtime) -> tuple[Execution, bool]:
         return await rt.service.submit(ffqn, values, idempotency_key=idempotency_key,
-                                       scheduled_at=when)
+                                       scheduled_at=when, paused=paused)
 
     execution, created = run(with_runtime(settings, go))
     if as_json:
@@ -350,6 +351,61 @@ def history(config_path: str | None, database_url: str | None, app: str | None, 
         return
     print_table(["seq", "at", "kind", "data"],
                 [[str(ev.seq), fmt_time(ev.at), ev.kind, short(ev.data, 90)] for ev in events])
+
+
+def _control(name: str, help_text: str) -> None:
+    @cli.command(name=name, help=help_text)
+    @common_options
+    @json_option
+    @click.argument("execution_id")
+    def command(config_path: str | None, database_url: str | None, app: str | None,
+                as_json: bool, execution_id: str) -> None:
+        settings = settings_from(config_path, database_url=database_url, app=app)
+
+        async def go(rt: Runtime) -> tuple[Execution, bool]:
+            method = getattr(rt.service, name)
+            result: tuple[Execution, bool] = await method(execution_id, actor="cli")
+            return result
+
+        execution, changed = run(with_runtime(settings, go))
+        if as_json:
+            print_json({**execution_json(execution), "changed": changed})
+            return
+        verb = {"cancel": "cancel", "pause": "pause", "unpause": "unpause"}[name]
+        note = "" if changed else " (nothing to change)"
+        click.echo(f"{verb}: {execution.id} is {execution.status}{note}")
+
+
+_control("cancel", "Cancel a -cancellable execution (and its cancellable children).")
+_control("pause", "Hold an execution: it is not run until unpaused.")
+_control("unpause", "Release a paused execution.")
+
+
+@cli.command()
+@common_options
+@json_option
+@click.argument("execution_id")
+@click.argument("topic")
+@click.argument("payload", required=False, default="null")
+def send(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
+         execution_id: str, topic: str, payload: str) -> None:
+    """Send a message on TOPIC to an execution; PAYLOAD is a JSON value (default null)."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    try:
+        value = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD") from None
+
+    async def go(rt: Runtime) -> tuple[Execution, Message]:
+        return await rt.service.send(execution_id, topic, value)
+
+    execution, message = run(with_runtime(settings, go))
+    if as_json:
+        print_json({"message_id": message.id, "execution_id": str(execution.id),
+                    "topic": message.topic, "created_at": message.created_at.isoformat()})
+    else:
+        click.echo(f"sent message {message.id} on {topic!r} to {execution.id} "
+                   f"({execution.status})")
 
 
 def main() -> None:
