@@ -106,6 +106,13 @@ class Store(Protocol):
         lease is held; the status does not change. A refusal is recorded as a late report
         and answered ``applied=False``."""
 
+    async def execution_checkpoint_many_if_owned(
+        self, owner: str, items: Sequence[tuple[Claim, str, JSON]]
+    ) -> list[TransitionResult]:
+        """Journal events of several executions of one owner at once (one commit), each
+        guarded like :meth:`execution_checkpoint_if_owned`; results in order of ``items``.
+        An execution that appears twice is refused the second time (late report)."""
+
     async def lease_renew(
         self, owner: str, leases: Sequence[Claim], ttl: timedelta
     ) -> list[Claim]:

@@ -10,6 +10,7 @@ that has a recorded outcome returns it without running anything.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import math
@@ -127,9 +128,14 @@ class ChildOutcome:
 
 
 def step_name(fn: Callable[..., Any]) -> str:
-    module = getattr(fn, "__module__", None) or "?"
-    qualname = getattr(fn, "__qualname__", None) or repr(fn)
-    return f"{module}.{qualname}"
+    """A name that is the same in every process: never an address or a repr."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    qualname = getattr(fn, "__qualname__", None)
+    if qualname is None:  # a callable object: name its class
+        cls = type(fn)
+        return f"{cls.__module__}.{cls.__qualname__}"
+    return f"{getattr(fn, '__module__', None) or '?'}.{qualname}"
 
 
 def error_info(exc: BaseException) -> dict[str, str]:
@@ -237,6 +243,7 @@ class Context:
         lease_valid: Callable[[], bool] | None = None,
         clock_base: datetime | None = None,
         signal_seq: int = 0,
+        checkpoint: Callable[[Claim, str, JSON], Awaitable[TransitionResult]] | None = None,
     ) -> None:
         self._store = store
         self._claim = claim
@@ -249,6 +256,8 @@ class Context:
         self._mono_base = time.monotonic()
         self._signal_seq = signal_seq
         self._unwritten: list[tuple[str, JSON]] = []
+        # the worker batches checkpoints of concurrent runs; alone, one statement each
+        self._checkpoint_one = checkpoint
         self._join_sets = 0
         self.execution_id = execution_id
         self.deployment_id = deployment_id
@@ -373,9 +382,9 @@ class Context:
 
         async def write() -> TransitionResult:
             if len(pending) == 1:
-                return await self._store.execution_checkpoint_if_owned(
-                    self._claim, kind, data
-                )
+                if self._checkpoint_one is not None:
+                    return await self._checkpoint_one(self._claim, kind, data)
+                return await self._store.execution_checkpoint_if_owned(self._claim, kind, data)
             return await self._store.execution_spawn_if_owned(self._claim, [], pending)
 
         outcome = await self._retrying(write)

@@ -21,7 +21,7 @@ import socket
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -95,37 +95,55 @@ class Run:
 @dataclass
 class _Pending:
     claim: Claim
-    result: JSON
+    item: Any
     future: asyncio.Future[TransitionResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
 
-class Completer:
-    """Batches completions of one owner into one statement per flush, without delay: the
-    completions that arrive while a flush is in flight form the next batch."""
+class Batcher:
+    """Batches fenced writes of one owner into one statement per flush, without delay: the
+    writes that arrive while a flush is in flight form the next batch. Each execution
+    appears at most once per batch (two concurrent steps of one workflow go out in turn).
+    Every write still answers only once its own statement has committed."""
 
-    def __init__(self, store: Store, owner: str, max_batch: int = 500) -> None:
-        self._store = store
-        self._owner = owner
+    def __init__(
+        self,
+        write_many: Callable[[list[tuple[Claim, Any]]], Awaitable[list[TransitionResult]]],
+        max_batch: int = 500,
+    ) -> None:
+        self._write_many = write_many
         self._max_batch = max_batch
         self._queue: list[_Pending] = []
         self._flusher: asyncio.Task[None] | None = None
+        self.flushes = 0
 
-    async def complete(self, claim: Claim, result: JSON) -> TransitionResult:
-        item = _Pending(claim, result)
-        self._queue.append(item)
+    async def submit(self, claim: Claim, item: Any) -> TransitionResult:
+        pending = _Pending(claim, item)
+        self._queue.append(pending)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
-        return await item.future
+        return await pending.future
+
+    def _take_batch(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        rest: list[_Pending] = []
+        ids: set[uuid.UUID] = set()
+        for p in self._queue:
+            if len(batch) < self._max_batch and p.claim.execution_id not in ids:
+                ids.add(p.claim.execution_id)
+                batch.append(p)
+            else:
+                rest.append(p)
+        self._queue = rest
+        return batch
 
     async def _flush(self) -> None:
         while self._queue:
-            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            batch = self._take_batch()
+            self.flushes += 1
             try:
-                outcomes = await self._store.execution_complete_many_if_owned(
-                    self._owner, [(p.claim, p.result) for p in batch]
-                )
+                outcomes = await self._write_many([(p.claim, p.item) for p in batch])
             except Exception as exc:
                 for p in batch:
                     if not p.future.done():
@@ -134,6 +152,34 @@ class Completer:
             for p, outcome in zip(batch, outcomes, strict=True):
                 if not p.future.done():
                     p.future.set_result(outcome)
+
+
+class Completer(Batcher):
+    """Batched completions (see :class:`Batcher`)."""
+
+    def __init__(self, store: Store, owner: str, max_batch: int = 500) -> None:
+        async def write(items: list[tuple[Claim, Any]]) -> list[TransitionResult]:
+            return await store.execution_complete_many_if_owned(owner, items)
+
+        super().__init__(write, max_batch)
+
+    async def complete(self, claim: Claim, result: JSON) -> TransitionResult:
+        return await self.submit(claim, result)
+
+
+class Checkpointer(Batcher):
+    """Batched journal writes (step results...) of concurrent runs (see :class:`Batcher`):
+    still one round trip per step, and one commit for many."""
+
+    def __init__(self, store: Store, owner: str, max_batch: int = 500) -> None:
+        async def write(items: list[tuple[Claim, Any]]) -> list[TransitionResult]:
+            return await store.execution_checkpoint_many_if_owned(
+                owner, [(claim, kind, data) for claim, (kind, data) in items])
+
+        super().__init__(write, max_batch)
+
+    async def checkpoint(self, claim: Claim, kind: str, data: JSON) -> TransitionResult:
+        return await self.submit(claim, (kind, data))
 
 
 class Worker:
@@ -159,9 +205,11 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._completer = Completer(store, self.id)
+        self._checkpointer = Checkpointer(store, self.id)
         self._trouble = RateLimitedLog(interval=max(self.settings.poll_interval, 5.0))
         self._lease_deadline: dict[uuid.UUID, float] = {}
         self._next_timer_check = 0.0
+        self._stale: set[asyncio.Task[None]] = set()
         self.claimed_total = 0
         self.finished_total = 0
 
@@ -265,6 +313,15 @@ class Worker:
     def _start(self, execution: Execution, claimed_at: float) -> None:
         claim = Claim(execution.id, self.id, execution.lease_epoch)
         run = Run(execution, claim)
+        previous = self.runs.get(execution.id)
+        if previous is not None:
+            # we claimed it again (a newer epoch) while an old run of ours was still going:
+            # that one has lost its lease; stop it, and keep it tracked for the drain
+            self._lose(previous, "claimed again with a newer epoch")
+            previous.interrupt = "lease_lost"
+            if previous.task is not None:
+                self._stale.add(previous.task)
+                previous.task.add_done_callback(self._stale.discard)
         self.runs[execution.id] = run
         # a conservative local estimate of the lease's end, by the monotonic clock
         self._lease_deadline[execution.id] = claimed_at + self.settings.lease_ttl
@@ -292,6 +349,7 @@ class Worker:
                     execution.id, 0.0),
                 clock_base=execution.updated_at,  # the claim's time, by the database
                 signal_seq=execution.signal_seq,
+                checkpoint=self._checkpointer.checkpoint,
             )
             run.ctx = ctx
             if run.interrupt is not None:
@@ -310,8 +368,9 @@ class Worker:
                 "run", "execution %s stopped by an infrastructure error: %s", execution.id, exc
             )
         finally:
-            self.runs.pop(execution.id, None)
-            self._lease_deadline.pop(execution.id, None)
+            if self.runs.get(execution.id) is run:  # not a newer run of the same execution
+                self.runs.pop(execution.id, None)
+                self._lease_deadline.pop(execution.id, None)
             self.finished_total += 1
             self._slot_freed.set()
 
@@ -323,20 +382,19 @@ class Worker:
 
     async def _run_workflow(self, wf: WorkflowDef, run: Run, ctx: Context) -> None:
         claim = run.claim
+        limit = asyncio.timeout(wf.timeout.total_seconds() if wf.timeout else None)
         try:
-            call = wf.fn(ctx, *run.execution.params)
-            if wf.timeout is not None:
-                value = await asyncio.wait_for(call, wf.timeout.total_seconds())
-            else:
-                value = await call
+            async with limit:
+                value = await wf.fn(ctx, *run.execution.params)
         except (ExecutionInterrupted, ExecutionSuspended):
             raise
         except TimeoutError as exc:
-            if wf.timeout is not None and ctx.interrupted is None:
+            if wf.timeout is not None and limit.expired():
                 await self._fail(claim, workflow_error(
                     "timeout", exc, f"workflow ran longer than its timeout of "
                     f"{wf.timeout.total_seconds():g}s"))
                 return
+            # the workflow's own TimeoutError, not its time limit
             await self._fail(claim, workflow_error("workflow_error", exc))
             return
         except NondeterminismError as exc:
@@ -491,13 +549,14 @@ class Worker:
     async def _drain(self) -> None:
         """Stop at step boundaries within the grace period; then cancel and release."""
         runs = list(self.runs.values())
-        if not runs:
+        if not runs and not self._stale:
             return
         log.info("draining %d executions", len(runs), extra=EXTRA)
         for run in runs:
+            run.interrupt = run.interrupt or SHUTDOWN_REASON  # also for one still loading
             if run.ctx is not None:
                 run.ctx.interrupt(SHUTDOWN_REASON)
-        tasks = [r.task for r in runs if r.task is not None]
+        tasks = [r.task for r in runs if r.task is not None] + list(self._stale)
         _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace)
         for task in pending:
             task.cancel()

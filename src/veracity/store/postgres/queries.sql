@@ -488,3 +488,24 @@ UPDATE veracity_executions SET
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = 'paused'
 RETURNING *
+
+-- name: execution_checkpoint_many_if_owned
+-- Journal events of several executions of one owner in one statement (one commit): each
+-- row still guarded by its own epoch and lease. Each execution appears at most once.
+WITH input AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[], %(kinds)s::text[],
+                         %(datas)s::json[]) AS t(id, epoch, kind, data)
+), own AS (
+    UPDATE veracity_executions AS e SET history_seq = e.history_seq + 1
+    FROM input
+    WHERE e.id = input.id
+      AND e.status = 'running'
+      AND e.lease_owner = %(owner)s
+      AND e.lease_epoch = input.epoch
+      AND e.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+    RETURNING e.id, e.history_seq, input.kind, input.data
+), ev AS (
+    INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+    SELECT id, history_seq, kind, coalesce(%(now)s::timestamptz, now()), data FROM own
+)
+SELECT id FROM own

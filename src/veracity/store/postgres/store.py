@@ -475,6 +475,38 @@ class PostgresStore(EngineMethods):
             return TransitionResult(True, None)
         return await self._late_report(kind, claim, data)
 
+    async def execution_checkpoint_many_if_owned(
+        self, owner: str, items: Sequence[tuple[Claim, str, JSON]]
+    ) -> list[TransitionResult]:
+        if any(claim.owner != owner for claim, _, _ in items):
+            raise ValueError("every claim of a batch must belong to its owner")
+        for _, kind, _ in items:
+            check_journal_kind(kind)
+        first: dict[uuid.UUID, tuple[Claim, str, JSON]] = {}
+        for item in items:
+            first.setdefault(item[0].execution_id, item)
+        unique = list(first.values())
+        rows = await self._fetchall(
+            "execution_checkpoint_many_if_owned",
+            {
+                "ids": [c.execution_id for c, _, _ in unique],
+                "epochs": [c.epoch for c, _, _ in unique],
+                "kinds": [k for _, k, _ in unique],
+                "datas": [Json(d) for _, _, d in unique],
+                "owner": owner,
+                "now": self._now(),
+            },
+        ) if unique else []
+        applied = {row["id"] for row in rows}
+        out: list[TransitionResult] = []
+        for claim, kind, data in items:
+            if claim.execution_id in applied:
+                applied.discard(claim.execution_id)  # a repeat in the batch is refused
+                out.append(TransitionResult(True, None))
+            else:
+                out.append(await self._late_report(kind, claim, data))
+        return out
+
     async def lease_renew(
         self, owner: str, leases: Sequence[Claim], ttl: timedelta
     ) -> list[Claim]:

@@ -503,6 +503,35 @@ class SqliteStore(EngineMethods):
 
         return await self._run(self._write, work)
 
+    async def execution_checkpoint_many_if_owned(
+        self, owner: str, items: Sequence[tuple[Claim, str, JSON]]
+    ) -> list[TransitionResult]:
+        if any(claim.owner != owner for claim, _, _ in items):
+            raise ValueError("every claim of a batch must belong to its owner")
+        for _, kind, _ in items:
+            check_journal_kind(kind)
+
+        def work(conn: sqlite3.Connection, now: int) -> list[TransitionResult]:
+            out: list[TransitionResult] = []
+            seen: set[uuid.UUID] = set()
+            for claim, kind, data in items:
+                row = None
+                if claim.execution_id not in seen:
+                    row = conn.execute(
+                        Q["execution_checkpoint_if_owned"],
+                        {"id": str(claim.execution_id), "owner": claim.owner,
+                         "epoch": claim.epoch, "now": now},
+                    ).fetchone()
+                seen.add(claim.execution_id)
+                if row is None:
+                    out.append(self._late_report(conn, now, kind, claim, data))
+                    continue
+                self._event(conn, row["id"], row["history_seq"], kind, now, data)
+                out.append(TransitionResult(True, None))
+            return out
+
+        return await self._run(self._write, work)
+
     async def lease_renew(
         self, owner: str, leases: Sequence[Claim], ttl: timedelta
     ) -> list[Claim]:

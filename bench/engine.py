@@ -1,0 +1,145 @@
+"""The durable engine on PostgreSQL: three-step workflows per second with one worker
+process, and the cost of one checkpointed step in database round trips.
+
+- throughput: N executions of ``bench:steps/run.fn`` (three checkpointed steps each)
+  inserted up front; one ``veracity worker`` process; the rate is N over the time from the
+  first claim to the last completion, both read from the database's own timestamps.
+- round trips: an in-process worker runs a 1-step and an 11-step workflow while every
+  statement the store sends is counted (each is one round trip: autocommit statements,
+  never client-side transactions on this path); the difference over 10 is the cost of one
+  step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import psycopg
+
+from bench._util import scratch_pg_database
+from bench.workers import migrate, wait_done, worker_procs
+from veracity import App, Context
+from veracity._ids import new_execution_id
+from veracity.config import WorkerSettings
+from veracity.core.states import Status
+from veracity.models import NewExecution
+from veracity.store import open_store
+from veracity.store.postgres import store as pg_store
+from veracity.worker.runner import Worker
+
+
+def insert_three_step(url: str, n: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            """
+            WITH ins AS (
+                INSERT INTO veracity_executions (id, ffqn, params, status, deployment_id,
+                    scheduled_at, created_at, updated_at, history_seq)
+                SELECT gen_random_uuid(), 'bench:steps/run.fn', '[]', 'pending', 'bench',
+                       now(), now(), now(), 1
+                FROM generate_series(1, %s)
+                RETURNING id, created_at
+            )
+            INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+            SELECT id, 1, 'pending', created_at, '{}' FROM ins
+            """,
+            [n],
+        )
+
+
+def throughput(n: int, concurrency: int) -> float:
+    with scratch_pg_database() as url:
+        asyncio.run(migrate(url))
+        insert_three_step(url, n)
+        with worker_procs(url, 1, VERACITY_WORKER_CONCURRENCY=str(concurrency)):
+            wait_done(url, n, timeout=300)
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "SELECT extract(epoch FROM max(updated_at) - "
+                "(SELECT min(at) FROM veracity_history WHERE kind = 'running')) "
+                "FROM veracity_executions"
+            ).fetchone()
+            steps = conn.execute(
+                "SELECT count(*) FROM veracity_history WHERE kind = 'step_completed'"
+            ).fetchone()
+            assert row is not None and steps == (3 * n,), steps
+            return n / float(row[0])
+
+
+app = App("bench-roundtrips")
+
+
+async def _value(i: int) -> int:
+    return i
+
+
+@app.workflow("bench:roundtrips/steps.run")
+async def steps(ctx: Context, n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += await ctx.step(_value, i)
+    return total
+
+
+async def _count_statements(url: str, n_steps: int) -> int:
+    store = await open_store(url)
+    counted = 0
+    original_fetchall = pg_store.PostgresStore._fetchall
+
+    async def counting(self: Any, name: str, params: Any) -> Any:
+        nonlocal counted
+        counted += 1
+        return await original_fetchall(self, name, params)
+
+    pg_store.PostgresStore._fetchall = counting  # type: ignore[method-assign]
+    try:
+        sub = await store.execution_submit(NewExecution(
+            ffqn="bench:roundtrips/steps.run", params=[n_steps], deployment_id="bench",
+            id=new_execution_id()))
+        counted = 0
+        worker = Worker(store, app, settings=WorkerSettings(
+            concurrency=1, lease_ttl=60, poll_interval=0.05, notifications=False))
+        task = asyncio.create_task(worker.run())
+        while True:
+            got = await store.execution_get(sub.execution.id)
+            if got is not None and got.status == Status.COMPLETED:
+                break
+            await asyncio.sleep(0.01)
+        during = worker.claimed_total
+        worker.stop()
+        await task
+        assert during == 1
+        return counted
+    finally:
+        pg_store.PostgresStore._fetchall = original_fetchall  # type: ignore[method-assign]
+        await store.close()
+
+
+def round_trips_per_step() -> tuple[float, int, int]:
+    """(per step, statements for 1 step, statements for 11 steps). The counts include the
+    polling and heartbeat statements of the loop; the difference cancels what both share
+    only if the loop ran the same, so the measurement is repeated and the minimum kept."""
+    with scratch_pg_database() as url:
+        asyncio.run(migrate(url))
+        one = min(asyncio.run(_count_statements(url, 1)) for _ in range(3))
+        eleven = min(asyncio.run(_count_statements(url, 11)) for _ in range(3))
+    return (eleven - one) / 10, one, eleven
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--executions", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=128)
+    args = parser.parse_args(argv)
+    rate = throughput(args.executions, args.concurrency)
+    print(f"engine   postgresql  1 worker process, concurrency {args.concurrency}: "
+          f"{rate:,.0f} three-step workflows/s ({args.executions})")
+    per_step, one, eleven = round_trips_per_step()
+    print(f"engine   postgresql  round trips per checkpointed step: {per_step:g} "
+          f"(statements for a 1-step run: {one}, for an 11-step run: {eleven})")
+
+
+if __name__ == "__main__":
+    main()
