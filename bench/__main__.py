@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from bench import submit, workers
+from bench import engine, submit, workers
 
 
 def main() -> None:
@@ -13,6 +13,7 @@ def main() -> None:
           f"{platform.python_version()}, {platform.platform()}")
     submit.main([])
     workers.main([])
+    engine.main([])
 
 
 if __name__ == "__main__":
