@@ -41,6 +41,14 @@ class Execution:
     paused_from: str | None = None
     cancel_requested_at: datetime | None = None
     pause_requested_at: datetime | None = None
+    engine: str | None = None
+    """For an execution delegated to an external engine: the engine's configured name."""
+    external_execution_id: str | None = None
+    triggered_at: datetime | None = None
+    """Veracity's own record of when it sent the trigger (limits are measured from it)."""
+    callback_token_hash: str | None = None
+    flagged_at: datetime | None = None
+    flag_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +101,7 @@ class ExecutionFilter:
     deployment_id: str | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
+    flagged: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,3 +209,25 @@ class Taken:
     message: Message | None
     signal_seq: int
     """The execution's signal when it looked: block with it to not miss a later one."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackResult:
+    """What a /complete or /fail callback did: ``outcome`` is applied, repeat (the same
+    report again: nothing changes), conflict (the execution ended otherwise: kept as a late
+    report), unauthorized (wrong token: nothing changes) or not_found."""
+
+    outcome: str
+    execution: Execution | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileAction:
+    """One write the reconciler decided: ``kind`` is terminate (failed_transient) or flag.
+    It applies only if the execution is still running with ``external_execution_id``."""
+
+    execution_id: uuid.UUID
+    external_execution_id: str | None
+    kind: str
+    reason: str
+    data: dict[str, Any] = field(default_factory=dict)

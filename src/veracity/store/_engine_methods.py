@@ -8,13 +8,16 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from veracity.core.states import Status
 from veracity.models import (
     JSON,
+    CallbackResult,
     Claim,
     ControlResult,
     Execution,
     Interrupt,
     NewExecution,
+    ReconcileAction,
     Taken,
     TransitionResult,
 )
@@ -108,4 +111,69 @@ class EngineMethods:
     ) -> ControlResult:
         result: ControlResult = await self._op(
             lambda: _ops.unpause(execution_id, actor, self._now()))
+        return result
+
+    # -- external engines -----------------------------------------------------------------
+
+    async def execution_delegate_if_owned(
+        self, claim: Claim, engine: str, callback_token_hash: str
+    ) -> TransitionResult:
+        result: TransitionResult = await self._op(lambda: _ops.delegate_if_owned(
+            claim, engine, callback_token_hash, self._now()))
+        return result
+
+    async def execution_record_external_id(
+        self, execution_id: uuid.UUID, external_id: str, *, actor: str = "worker",
+        reason: str | None = None,
+    ) -> ControlResult:
+        result: ControlResult = await self._op(lambda: _ops.record_external_id(
+            execution_id, external_id, actor, reason, self._now()))
+        return result
+
+    async def execution_end_external(
+        self, execution_id: uuid.UUID, *, to: Status, expected_external_id: str | None,
+        any_external_id: bool = False, result: JSON = None, error: JSON = None,
+        event: dict[str, JSON] | None = None,
+    ) -> ControlResult:
+        out: ControlResult = await self._op(lambda: _ops.end_external(
+            execution_id, to=to, expected_external_id=expected_external_id,
+            any_external_id=any_external_id, result=result, error=error,
+            event=event or {}, now=self._now()))
+        return out
+
+    async def execution_callback(
+        self, execution_id: uuid.UUID, token: str, report: str, payload: JSON, *,
+        transient: bool = False,
+    ) -> CallbackResult:
+        if report not in ("complete", "fail"):
+            raise ValueError(f"unknown callback {report!r}")
+        result: CallbackResult = await self._op(lambda: _ops.callback(
+            execution_id, token, report, payload, transient, self._now()))
+        return result
+
+    async def execution_external_running(
+        self, *, limit: int = 1000, after: uuid.UUID | None = None
+    ) -> list[Execution]:
+        result: list[Execution] = await self._op(lambda: _ops.external_running(limit, after))
+        return result
+
+    async def execution_reconcile_apply(
+        self, actions: Sequence[ReconcileAction]
+    ) -> list[ReconcileAction]:
+        if not actions:
+            return []
+        result: list[ReconcileAction] = await self._op(
+            lambda: _ops.reconcile_apply(actions, self._now()))
+        return result
+
+    async def execution_resolve(
+        self, execution_id: uuid.UUID, *, action: str, external_id: str | None, reason: str,
+        actor: str,
+    ) -> ControlResult:
+        if action not in ("attach", "fail", "cancel"):
+            raise ValueError(f"unknown resolution {action!r}")
+        if action == "attach" and not external_id:
+            raise ValueError("attach needs an external id")
+        result: ControlResult = await self._op(lambda: _ops.resolve(
+            execution_id, action, external_id, reason, actor, self._now()))
         return result

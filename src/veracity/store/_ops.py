@@ -13,6 +13,8 @@ table, and writes its history events with the seqs that follow the row's ``histo
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import uuid
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,12 +24,14 @@ from typing import Any
 from veracity.core.states import TERMINAL, Status, sources_of
 from veracity.models import (
     JSON,
+    CallbackResult,
     Claim,
     ControlResult,
     Execution,
     Interrupt,
     Message,
     NewExecution,
+    ReconcileAction,
     Taken,
     TransitionResult,
 )
@@ -79,6 +83,12 @@ def execution_from(row: Row) -> Execution:
         paused_from=row["paused_from"],
         cancel_requested_at=row["cancel_requested_at"],
         pause_requested_at=row["pause_requested_at"],
+        engine=row["engine"],
+        external_execution_id=row["external_execution_id"],
+        triggered_at=row["triggered_at"],
+        callback_token_hash=row["callback_token_hash"],
+        flagged_at=row["flagged_at"],
+        flag_reason=row["flag_reason"],
     )
 
 
@@ -414,3 +424,198 @@ def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) ->
     yield from _events(execution_id, current.history_seq, [(str(updated.status), {
         "by": actor, "reason": "unpaused"})], now)
     return ControlResult(updated, changed=True)
+
+
+# -- external engines (seed 000) ------------------------------------------------------------
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def delegate_if_owned(claim: Claim, engine: str, callback_token_hash: str,
+                      now: datetime | None) -> Op:
+    """The worker, before it calls the engine: the execution stays running, now delegated
+    (engine set, no external id yet, no lease), and the trigger time is recorded. A crash
+    from here on leaves it without an external id: the reconciler's fourth row."""
+    row = yield from _fenced(claim, now)
+    if row is None:
+        return (yield from _late(claim, "trigger", {"engine": engine}, now))
+    rows = yield Query("execution_delegate", {
+        "id": claim.execution_id, "engine": engine, "token_hash": callback_token_hash,
+        "now": now,
+    })
+    updated = execution_from(rows[0])
+    yield from _events(claim.execution_id, row["history_seq"], [("trigger_sending", {
+        "engine": engine, "owner": claim.owner, "epoch": claim.epoch,
+        "triggered_at": updated.triggered_at.isoformat() if updated.triggered_at else None,
+    })], now)
+    return TransitionResult(True, updated)
+
+
+def _delegated_without_id(e: Execution) -> bool:
+    return e.status == Status.RUNNING and e.engine is not None and e.external_execution_id is None
+
+
+def record_external_id(execution_id: uuid.UUID, external_id: str, actor: str,
+                       reason: str | None, now: datetime | None) -> Op:
+    row = yield from _lock(execution_id)
+    if row is None:
+        return ControlResult(None)
+    current = execution_from(row)
+    if not _delegated_without_id(current):
+        yield Query("execution_bump_history", {"id": execution_id, "by": 1})
+        yield from _events(execution_id, current.history_seq, [("late_report", {
+            "report": "external_id", "payload": {"external_execution_id": external_id},
+            "by": actor, "reason": f"execution is {current.status}"
+            + (f" with external id {current.external_execution_id}"
+               if current.external_execution_id else ""),
+        })], now)
+        return ControlResult(current, refused=f"execution is {current.status}"
+                             + (" and already has an external id"
+                                if current.external_execution_id else ""))
+    rows = yield Query("execution_set_external_id", {
+        "id": execution_id, "external_id": external_id, "now": now})
+    data: dict[str, JSON] = {"external_execution_id": external_id, "by": actor}
+    if reason:
+        data["reason"] = reason
+    yield from _events(execution_id, current.history_seq, [("external_started", data)], now)
+    return ControlResult(execution_from(rows[0]), changed=True)
+
+
+def end_external(execution_id: uuid.UUID, *, to: Status, expected_external_id: str | None,
+                 any_external_id: bool, result: JSON, error: JSON, event: dict[str, JSON],
+                 now: datetime | None) -> Op:
+    """End a delegated execution (a refused trigger, the reconciler, an operator): only if
+    it is still running, delegated, and (unless ``any_external_id``) still has the external
+    id the caller looked at."""
+    row = yield from _lock(execution_id)
+    if row is None:
+        return ControlResult(None)
+    current = execution_from(row)
+    if (current.status != Status.RUNNING or current.engine is None
+            or (not any_external_id
+                and current.external_execution_id != expected_external_id)):
+        return ControlResult(current, refused=f"execution is {current.status}")
+    rows = yield Query("execution_end_external", {
+        "id": execution_id, "to_status": str(to), "result": JsonParam(result)
+        if to == Status.COMPLETED else None,
+        "error": JsonParam(error) if error is not None else None, "now": now,
+        "from_states": _names(sources_of(to, among=[Status.RUNNING])),
+    })
+    yield from _events(execution_id, current.history_seq, [(str(to), event)], now)
+    return ControlResult(execution_from(rows[0]), changed=True)
+
+
+def callback(execution_id: uuid.UUID, token: str, report: str, payload: JSON,
+             transient: bool, now: datetime | None) -> Op:
+    """The engine's /complete or /fail. Authenticated by the per-execution token (stored
+    hashed, compared in constant time). completed only ever comes from here (with its
+    result) or from a worker. A repeat of the same report changes nothing; a report on an
+    execution that ended otherwise is kept in history as a late report."""
+    row = yield from _lock(execution_id)
+    if row is None:
+        return CallbackResult("not_found", None)
+    current = execution_from(row)
+    expected = current.callback_token_hash or ""
+    if not expected or not hmac.compare_digest(expected, token_hash(token)):
+        return CallbackResult("unauthorized", None)
+    if report == "complete":
+        target, result, error = Status.COMPLETED, payload, None
+    else:
+        target = Status.FAILED_TRANSIENT if transient else Status.FAILED
+        result, error = None, payload
+    if current.status == Status.RUNNING and current.engine is not None:
+        rows = yield Query("execution_end_external", {
+            "id": execution_id, "to_status": str(target),
+            "result": JsonParam(result) if target == Status.COMPLETED else None,
+            "error": JsonParam(error) if error is not None else None, "now": now,
+            "from_states": _names(sources_of(target, among=[Status.RUNNING])),
+        })
+        yield from _events(execution_id, current.history_seq, [(str(target), {
+            "by": "callback", "engine": current.engine,
+            "external_execution_id": current.external_execution_id,
+        })], now)
+        return CallbackResult("applied", execution_from(rows[0]))
+    same = current.status == target and (
+        current.result == result if target == Status.COMPLETED else current.error == error)
+    if same:
+        return CallbackResult("repeat", current)
+    yield Query("execution_bump_history", {"id": execution_id, "by": 1})
+    yield from _events(execution_id, current.history_seq, [("late_report", {
+        "report": report, "payload": payload, "transient": transient,
+        "reason": f"execution is {current.status}",
+    })], now)
+    return CallbackResult("conflict", current)
+
+
+def external_running(limit: int, after: uuid.UUID | None) -> Op:
+    rows = yield Query("execution_external_running", {"limit": limit, "after": after})
+    return [execution_from(r) for r in rows]
+
+
+def reconcile_apply(actions: Sequence[ReconcileAction], now: datetime | None) -> Op:
+    """The reconciler's writes of one tick, in one transaction. Each applies only if the
+    execution is still running with the external id the tick inspected."""
+    applied: list[ReconcileAction] = []
+    for action in actions:
+        row = yield from _lock(action.execution_id)
+        if row is None:
+            continue
+        current = execution_from(row)
+        if (current.status != Status.RUNNING or current.engine is None
+                or current.external_execution_id != action.external_execution_id):
+            continue
+        if action.kind == "terminate":
+            yield Query("execution_end_external", {
+                "id": action.execution_id, "to_status": str(Status.FAILED_TRANSIENT),
+                "result": None, "now": now,
+                "error": JsonParam({"code": "reconciler", "message": action.reason,
+                                    **action.data}),
+                "from_states": _names(sources_of(Status.FAILED_TRANSIENT,
+                                                 among=[Status.RUNNING])),
+            })
+            yield from _events(action.execution_id, current.history_seq, [(
+                "failed_transient", {"by": "reconciler", "reason": action.reason,
+                                     **action.data})], now)
+            applied.append(action)
+        elif action.kind == "flag":
+            if current.flagged_at is not None and current.flag_reason == action.reason:
+                continue
+            yield Query("execution_flag", {"id": action.execution_id, "reason": action.reason,
+                                           "now": now})
+            yield from _events(action.execution_id, current.history_seq, [("flagged", {
+                "by": "reconciler", "reason": action.reason, **action.data})], now)
+            applied.append(action)
+        else:
+            raise ValueError(f"unknown reconciler action {action.kind!r}")
+    return applied
+
+
+def resolve(execution_id: uuid.UUID, action: str, external_id: str | None, reason: str,
+            actor: str, now: datetime | None) -> Op:
+    """An operator resolves a delegated execution: attach the external id, or end it as
+    failed_transient or cancelled, with a written reason."""
+    row = yield from _lock(execution_id)
+    if row is None:
+        return ControlResult(None)
+    current = execution_from(row)
+    if current.status != Status.RUNNING or current.engine is None:
+        return ControlResult(current, refused=f"execution is {current.status}"
+                             + ("" if current.engine else ", not delegated to an engine"))
+    if action == "attach":
+        if current.external_execution_id is not None:
+            return ControlResult(current, refused="execution already has an external id "
+                                 f"({current.external_execution_id})")
+        assert external_id is not None
+        return (yield from record_external_id(execution_id, external_id, actor, reason, now))
+    target = Status.FAILED_TRANSIENT if action == "fail" else Status.CANCELLED
+    rows = yield Query("execution_end_external", {
+        "id": execution_id, "to_status": str(target), "result": None, "now": now,
+        "error": JsonParam({"code": "operator", "message": reason, "by": actor})
+        if target == Status.FAILED_TRANSIENT else None,
+        "from_states": _names(sources_of(target, among=[Status.RUNNING])),
+    })
+    yield from _events(execution_id, current.history_seq, [(str(target), {
+        "by": actor, "reason": reason, "resolved": True})], now)
+    return ControlResult(execution_from(rows[0]), changed=True)

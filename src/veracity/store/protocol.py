@@ -15,8 +15,10 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from veracity.core.states import Status
 from veracity.models import (
     JSON,
+    CallbackResult,
     Claim,
     ControlResult,
     Execution,
@@ -25,6 +27,7 @@ from veracity.models import (
     Interrupt,
     ListCursor,
     NewExecution,
+    ReconcileAction,
     Recovered,
     Submitted,
     Taken,
@@ -215,3 +218,48 @@ class Store(Protocol):
 
     def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
         """Yield the id of each running execution asked to stop (PostgreSQL NOTIFY)."""
+
+    # -- external engines (seed 000) ----------------------------------------------------
+
+    async def execution_delegate_if_owned(
+        self, claim: Claim, engine: str, callback_token_hash: str
+    ) -> TransitionResult:
+        """Before the trigger is sent: still running, now delegated to ``engine`` (no lease,
+        no external id yet), the trigger time recorded."""
+
+    async def execution_record_external_id(
+        self, execution_id: uuid.UUID, external_id: str, *, actor: str = "worker",
+        reason: str | None = None,
+    ) -> ControlResult:
+        """Attach the engine's id to a delegated execution that has none; refused (and kept
+        as a late report) otherwise."""
+
+    async def execution_end_external(
+        self, execution_id: uuid.UUID, *, to: Status, expected_external_id: str | None,
+        any_external_id: bool = False, result: JSON = None, error: JSON = None,
+        event: dict[str, JSON] | None = None,
+    ) -> ControlResult:
+        """End a delegated execution if it is still running with the expected external id."""
+
+    async def execution_callback(
+        self, execution_id: uuid.UUID, token: str, report: str, payload: JSON, *,
+        transient: bool = False,
+    ) -> CallbackResult:
+        """An engine's /complete (report "complete") or /fail (report "fail")."""
+
+    async def execution_external_running(
+        self, *, limit: int = 1000, after: uuid.UUID | None = None
+    ) -> list[Execution]:
+        """Running executions delegated to an engine, by id (keyset ``after``)."""
+
+    async def execution_reconcile_apply(
+        self, actions: Sequence[ReconcileAction]
+    ) -> list[ReconcileAction]:
+        """The reconciler's writes of one tick, in one transaction; returns those applied."""
+
+    async def execution_resolve(
+        self, execution_id: uuid.UUID, *, action: str, external_id: str | None, reason: str,
+        actor: str,
+    ) -> ControlResult:
+        """An operator: attach an external id, or end the run (fail -> failed_transient,
+        cancel -> cancelled) with a written reason."""

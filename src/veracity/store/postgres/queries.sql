@@ -63,6 +63,7 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
   AND (%(deployment_id)s::text IS NULL OR deployment_id = %(deployment_id)s::text)
   AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+  AND (%(flagged)s::boolean IS NULL OR (flagged_at IS NOT NULL) = %(flagged)s::boolean)
   AND (%(cursor_at)s::timestamptz IS NULL
        OR (created_at, id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid))
 ORDER BY created_at DESC, id DESC
@@ -509,3 +510,51 @@ WITH input AS (
     SELECT id, history_seq, kind, coalesce(%(now)s::timestamptz, now()), data FROM own
 )
 SELECT id FROM own
+
+-- ---------------------------------------------------------------------------------------
+-- External engines (seed 000)
+
+-- name: execution_delegate
+UPDATE veracity_executions SET
+    engine = %(engine)s,
+    callback_token_hash = %(token_hash)s,
+    triggered_at = coalesce(%(now)s::timestamptz, now()),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + 1
+WHERE id = %(id)s AND status = 'running'
+RETURNING *
+
+-- name: execution_set_external_id
+UPDATE veracity_executions SET
+    external_execution_id = %(external_id)s,
+    flagged_at = NULL, flag_reason = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + 1
+WHERE id = %(id)s
+RETURNING *
+
+-- name: execution_end_external
+UPDATE veracity_executions SET
+    status = %(to_status)s,
+    result = %(result)s,
+    error = %(error)s,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + 1
+WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
+RETURNING *
+
+-- name: execution_external_running
+SELECT * FROM veracity_executions
+WHERE status = 'running' AND engine IS NOT NULL
+  AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: execution_flag
+UPDATE veracity_executions SET
+    flagged_at = coalesce(%(now)s::timestamptz, now()),
+    flag_reason = %(reason)s,
+    history_seq = history_seq + 1
+WHERE id = %(id)s

@@ -91,6 +91,12 @@ def row_to_execution(row: Row) -> Execution:
         paused_from=row.get("paused_from"),
         cancel_requested_at=_utc(row.get("cancel_requested_at")),
         pause_requested_at=_utc(row.get("pause_requested_at")),
+        engine=row.get("engine"),
+        external_execution_id=row.get("external_execution_id"),
+        triggered_at=_utc(row.get("triggered_at")),
+        callback_token_hash=row.get("callback_token_hash"),
+        flagged_at=_utc(row.get("flagged_at")),
+        flag_reason=row.get("flag_reason"),
     )
 
 
@@ -307,6 +313,7 @@ class PostgresStore(EngineMethods):
                 "deployment_id": filter.deployment_id,
                 "created_after": filter.created_after,
                 "created_before": filter.created_before,
+                "flagged": filter.flagged,
                 "cursor_at": after.created_at if after else None,
                 "cursor_id": after.id if after else None,
                 "limit": limit,

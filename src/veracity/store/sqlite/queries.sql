@@ -53,6 +53,7 @@ WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
   AND (:deployment_id IS NULL OR deployment_id = :deployment_id)
   AND (:created_after IS NULL OR created_at > :created_after)
   AND (:created_before IS NULL OR created_at < :created_before)
+  AND (:flagged IS NULL OR (flagged_at IS NOT NULL) = :flagged)
   AND (:cursor_at IS NULL OR (created_at, id) < (:cursor_at, :cursor_id))
 ORDER BY created_at DESC, id DESC
 LIMIT :limit
@@ -352,3 +353,50 @@ UPDATE veracity_executions SET
     history_seq = history_seq + 1
 WHERE id = :id AND status = 'paused'
 RETURNING *
+
+-- ---------------------------------------------------------------------------------------
+-- External engines (seed 000)
+
+-- name: execution_delegate
+UPDATE veracity_executions SET
+    engine = :engine,
+    callback_token_hash = :token_hash,
+    triggered_at = :now,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id = :id AND status = 'running'
+RETURNING *
+
+-- name: execution_set_external_id
+UPDATE veracity_executions SET
+    external_execution_id = :external_id,
+    flagged_at = NULL, flag_reason = NULL,
+    updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id = :id
+RETURNING *
+
+-- name: execution_end_external
+UPDATE veracity_executions SET
+    status = :to_status,
+    result = :result,
+    error = :error,
+    updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id = :id AND status IN (SELECT value FROM json_each(:from_states))
+RETURNING *
+
+-- name: execution_external_running
+SELECT * FROM veracity_executions
+WHERE status = 'running' AND engine IS NOT NULL AND (:after IS NULL OR id > :after)
+ORDER BY id
+LIMIT :limit
+
+-- name: execution_flag
+UPDATE veracity_executions SET
+    flagged_at = :now,
+    flag_reason = :reason,
+    history_seq = history_seq + 1
+WHERE id = :id

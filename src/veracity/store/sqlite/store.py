@@ -108,6 +108,12 @@ def row_to_execution(row: sqlite3.Row) -> Execution:
         paused_from=row["paused_from"],
         cancel_requested_at=_opt_time(row["cancel_requested_at"]),
         pause_requested_at=_opt_time(row["pause_requested_at"]),
+        engine=row["engine"],
+        external_execution_id=row["external_execution_id"],
+        triggered_at=_opt_time(row["triggered_at"]),
+        callback_token_hash=row["callback_token_hash"],
+        flagged_at=_opt_time(row["flagged_at"]),
+        flag_reason=row["flag_reason"],
     )
 
 
@@ -321,6 +327,7 @@ class SqliteStore(EngineMethods):
             "deployment_id": filter.deployment_id,
             "created_after": to_us(filter.created_after) if filter.created_after else None,
             "created_before": to_us(filter.created_before) if filter.created_before else None,
+            "flagged": None if filter.flagged is None else int(filter.flagged),
             "cursor_at": to_us(after.created_at) if after else None,
             "cursor_id": str(after.id) if after else None,
             "limit": limit,
@@ -662,7 +669,7 @@ UUID_COLUMNS = frozenset({"id", "parent_id", "execution_id"})
 TIME_COLUMNS = frozenset({
     "scheduled_at", "created_at", "updated_at", "lease_expires_at", "wake_at",
     "cancel_requested_at", "pause_requested_at", "at", "consumed_at", "started_at",
-    "last_heartbeat", "stopped_at",
+    "last_heartbeat", "stopped_at", "triggered_at", "flagged_at",
 })
 JSON_COLUMNS = frozenset({"params", "result", "error", "data", "payload", "ffqns"})
 
