@@ -8,6 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from veracity._app import App, load_app
 from veracity.config import Settings
+from veracity.external import ExternalConfig, parse_external
 from veracity.service import ExecutionService
 from veracity.store import Store, open_store
 
@@ -19,6 +20,7 @@ class Runtime:
     store: Store
     service: ExecutionService
     deployment_id: str
+    external: ExternalConfig
 
     async def close(self) -> None:
         await self.store.close()
@@ -36,6 +38,7 @@ def deployment_id_for(settings: Settings, app: App | None) -> str:
 
 async def open_runtime(settings: Settings, *, migrate: bool = False) -> Runtime:
     app = load_user_app(settings)
+    external = parse_external(settings)
     store = await open_store(settings.database_url)
     try:
         if migrate:
@@ -43,7 +46,7 @@ async def open_runtime(settings: Settings, *, migrate: bool = False) -> Runtime:
         deployment_id = deployment_id_for(settings, app)
         service = ExecutionService(
             store,
-            workflows=set(app.workflows) if app else set(),
+            workflows=(set(app.workflows) if app else set()) | set(external.workflows),
             deployment_id=deployment_id,
             max_payload_bytes=settings.max_payload_bytes,
             # a worker that has not renewed for a whole lease TTL is taken for dead
@@ -52,7 +55,7 @@ async def open_runtime(settings: Settings, *, migrate: bool = False) -> Runtime:
     except BaseException:
         await store.close()
         raise
-    return Runtime(settings, app, store, service, deployment_id)
+    return Runtime(settings, app, store, service, deployment_id, external)
 
 
 def redact_url(url: str) -> str:

@@ -17,10 +17,13 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from veracity._app import App
 from veracity.api import create_api
 from veracity.config import Settings
+from veracity.external import build_engines, close_engines
 from veracity.runtime import Runtime, open_runtime, redact_url
 from veracity.services._loop import run_forever
+from veracity.services.reconciler import ReconcilerMetrics, ReconcilerService
 from veracity.services.recovery import RecoveryMetrics, RecoveryService
 from veracity.worker.runner import Worker
 
@@ -64,11 +67,24 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             max_attempts=settings.recovery.max_attempts,
             metrics=RecoveryMetrics(registry),
         )
-        tasks = [asyncio.create_task(run_forever(recovery, settings.recovery.interval, stop))]
+        engines = build_engines(runtime.external)
+        # the reconciler is always on: no setting turns it off
+        reconciler = ReconcilerService(
+            runtime.store, engines, runtime.external.limits,
+            concurrency=settings.reconciler.concurrency,
+            engine_timeout=settings.reconciler.engine_timeout,
+            metrics=ReconcilerMetrics(registry),
+        )
+        tasks = [
+            asyncio.create_task(run_forever(recovery, settings.recovery.interval, stop)),
+            asyncio.create_task(run_forever(reconciler, settings.reconciler.interval, stop)),
+        ]
         worker: Worker | None = None
-        if wants_worker(settings, with_worker) and runtime.app and runtime.app.workflows:
-            worker = Worker(runtime.store, runtime.app, settings=settings.worker,
-                            deployment_id=runtime.deployment_id)
+        runnable = bool((runtime.app and runtime.app.workflows) or runtime.external.workflows)
+        if wants_worker(settings, with_worker) and runnable:
+            worker = Worker(runtime.store, runtime.app or App(), settings=settings.worker,
+                            deployment_id=runtime.deployment_id, external=runtime.external,
+                            engines=engines)
             runtime.service.on_submitted = worker.wake
             tasks.append(asyncio.create_task(worker.run(), name="veracity-worker"))
         log.info(
@@ -88,6 +104,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             if worker is not None:
                 worker.stop()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await close_engines(engines)
             await runtime.close()
             log.info("stopped", extra={"domain": "server"})
 

@@ -17,7 +17,14 @@ from datetime import UTC, datetime, timedelta
 from veracity._ids import new_execution_id, parse_execution_id
 from veracity.core.ffqn import CANCELLABLE_SUFFIX, InvalidFfqn, is_cancellable, validate_ffqn
 from veracity.core.states import Status
-from veracity.errors import BadRequest, Conflict, InvalidInput, NotFound, PayloadTooLarge
+from veracity.errors import (
+    BadRequest,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+)
 from veracity.models import (
     JSON,
     ControlResult,
@@ -281,9 +288,10 @@ class ExecutionService:
             return execution, False
         if not is_cancellable(execution.ffqn):
             raise Conflict(
-                f"{execution.ffqn} cannot be cancelled: only workflows whose name ends in "
-                f"{CANCELLABLE_SUFFIX} can. Pause it instead (PUT /v1/executions/"
-                f"{execution.id}/pause): a paused execution stays visible and uses no worker.",
+                f"{execution.ffqn} cannot be cancelled (it is {execution.status}): only "
+                f"workflows whose name ends in {CANCELLABLE_SUFFIX} can. Pause it instead "
+                f"(PUT /v1/executions/{execution.id}/pause): a paused execution stays "
+                "visible and uses no worker.",
                 code="not_cancellable", state=str(execution.status),
             )
         result = await self.store.execution_cancel(execution.id, actor=actor)
@@ -318,6 +326,44 @@ class ExecutionService:
         if self.on_submitted is not None:
             self.on_submitted()
         return execution, result.message
+
+    # -- external engines ----------------------------------------------------------------
+
+    async def callback(self, execution_id: str | uuid.UUID, token: str | None, report: str,
+                       payload: JSON, *, transient: bool = False) -> tuple[Execution, bool]:
+        """An engine's /complete or /fail. Returns the execution and whether it changed."""
+        ident = await self._ident(execution_id)
+        if not token:
+            raise Unauthorized("a callback needs its execution's token: "
+                               "Authorization: Bearer <token>", code="unauthorized")
+        self._check_payload("result" if report == "complete" else "error", payload)
+        outcome = await self.store.execution_callback(ident, token, report, payload,
+                                                      transient=transient)
+        if outcome.outcome == "not_found":
+            raise NotFound(f"execution {ident} does not exist")
+        if outcome.outcome == "unauthorized":
+            raise Unauthorized("the callback token is not this execution's",
+                               code="unauthorized")
+        assert outcome.execution is not None
+        if outcome.outcome == "conflict":
+            raise Conflict(
+                f"execution is already {outcome.execution.status}; the report is kept in "
+                "its history", code="already_ended", state=str(outcome.execution.status))
+        return outcome.execution, outcome.outcome == "applied"
+
+    async def resolve(self, execution_id: str | uuid.UUID, *, action: str,
+                      external_id: str | None, reason: str, actor: str
+                      ) -> tuple[Execution, bool]:
+        ident = await self._ident(execution_id)
+        if action not in ("attach", "fail", "cancel"):
+            raise InvalidInput("action must be attach, fail or cancel", code="invalid_action")
+        if action == "attach" and not external_id:
+            raise InvalidInput("attach needs external_execution_id", code="invalid_action")
+        if not reason.strip():
+            raise InvalidInput("a resolution needs a written reason", code="invalid_reason")
+        result = await self.store.execution_resolve(
+            ident, action=action, external_id=external_id, reason=reason, actor=actor)
+        return self._found(ident, result), result.changed
 
     async def _ident(self, execution_id: str | uuid.UUID) -> uuid.UUID:
         return execution_id if isinstance(execution_id, uuid.UUID) else parse_id(execution_id)

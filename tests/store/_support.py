@@ -9,16 +9,17 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sqlite3
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
 
 from veracity.core.states import Status
-from veracity.models import HistoryEvent, NewExecution
+from veracity.models import Claim, Execution, HistoryEvent, NewExecution
 from veracity.store import Store
 
 # open_extra_store: opens another store instance on the test's database
@@ -142,3 +143,84 @@ class RawSQL:
                 self.execute("DROP FUNCTION veracity_test_boom()")
             else:
                 self.execute("DROP TRIGGER veracity_test_boom")
+
+
+# -- the durable engine (blocking waits, children, messages, cancel, pause) -----------------
+
+ENGINE_TTL = timedelta(seconds=30)
+
+
+def unique_ffqn(*, cancellable: bool = False) -> str:
+    """A workflow name of its own, so that a claim takes exactly one chosen execution."""
+    name = f"app.t{uuid.uuid4().hex[:12]}.run"
+    return f"{name}-cancellable" if cancellable else name
+
+
+def new_child(
+    parent_id: uuid.UUID | None,
+    *,
+    cancellable: bool = False,
+    join_set: str | None = "js0",
+    params: list[Any] | None = None,
+    deployment_id: str = "dep-1",
+    scheduled_at: datetime | None = None,
+) -> NewExecution:
+    """What a workflow asks to spawn: a child of ``parent_id`` (None: a top-level one)."""
+    return NewExecution(
+        ffqn=unique_ffqn(cancellable=cancellable),
+        params=params if params is not None else [],
+        deployment_id=deployment_id,
+        id=uuid.uuid4(),
+        parent_id=parent_id,
+        join_set=join_set if parent_id is not None else None,
+        scheduled_at=scheduled_at,
+    )
+
+
+async def submit_unique(
+    store: Store, *, cancellable: bool = False, paused: bool = False, **kw: Any
+) -> Execution:
+    new = dataclasses.replace(
+        new_execution(unique_ffqn(cancellable=cancellable), **kw), paused=paused
+    )
+    return (await store.execution_submit(new)).execution
+
+
+async def claim_exactly(
+    store: Store, execution_id: uuid.UUID, owner: str = "worker-a",
+    ttl: timedelta = ENGINE_TTL,
+) -> Claim:
+    """Claim the one execution ``execution_id`` (its workflow name is unique to it)."""
+    ex = await store.execution_get(execution_id)
+    assert ex is not None
+    claimed = await store.execution_claim(owner, [ex.ffqn], limit=10, lease_ttl=ttl)
+    assert [c.id for c in claimed] == [execution_id], claimed
+    return Claim(execution_id, owner, claimed[0].lease_epoch)
+
+
+async def get(store: Store, execution_id: uuid.UUID) -> Execution:
+    ex = await store.execution_get(execution_id)
+    assert ex is not None
+    return ex
+
+
+async def assert_history_intact(
+    store: Store, execution_id: uuid.UUID, *, first: str = "pending"
+) -> list[HistoryEvent]:
+    """:func:`assert_history_consistent` for executions whose first event may be another
+    state (``paused`` for one submitted on hold)."""
+    if first == "pending":
+        return await assert_history_consistent(store, execution_id)
+    execution = await get(store, execution_id)
+    events = await store.history_list(execution_id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert execution.history_seq == len(events)
+    assert events[0].kind == first
+    state_events = [e for e in events if e.kind in STATE_KINDS]
+    assert state_events[-1].kind == str(execution.status)
+    assert state_events[-1].at == execution.updated_at
+    return events
+
+
+def kinds(events: Sequence[HistoryEvent]) -> list[str]:
+    return [e.kind for e in events]

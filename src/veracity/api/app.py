@@ -7,7 +7,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -15,14 +15,17 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from veracity.api.errors import error_response, install_error_handlers
 from veracity.api.limits import BodySizeLimit
 from veracity.api.schemas import (
+    CompleteRequest,
     ErrorOut,
     ExecutionOut,
     ExecutionPage,
+    FailRequest,
     Health,
     HistoryItem,
     HistoryPage,
     MessageOut,
     MessageRequest,
+    ResolveRequest,
     SubmitRequest,
     WorkerOut,
     WorkerPage,
@@ -134,6 +137,7 @@ def create_api(
         deployment_id: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
         created_after: datetime | None = None,
         created_before: datetime | None = None,
+        flagged: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         cursor: Annotated[str | None, Query(max_length=512)] = None,
     ) -> ExecutionPage:
@@ -144,6 +148,7 @@ def create_api(
                 deployment_id=deployment_id,
                 created_after=created_after,
                 created_before=created_before,
+                flagged=flagged,
             ),
             limit=limit,
             cursor=cursor,
@@ -193,6 +198,47 @@ def create_api(
         execution, message = await service.send(execution_id, body.topic, body.payload)
         return MessageOut(message_id=message.id, execution_id=str(execution.id),
                           topic=message.topic, created_at=message.created_at)
+
+    def _bearer(authorization: str | None) -> str | None:
+        if not authorization:
+            return None
+        scheme, _, token = authorization.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+    @app.post("/v1/executions/{execution_id}/complete", response_model=ExecutionOut,
+              responses={401: {"model": ErrorOut}, **ERRORS})
+    async def complete(
+        execution_id: str, body: CompleteRequest, service: Service,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> ExecutionOut:
+        """The engine's callback: the run completed with this result. Authenticated by the
+        execution's callback token (Authorization: Bearer). The same completion again: 200,
+        nothing changes; an execution that ended otherwise: 409, the report kept."""
+        execution, _ = await service.callback(execution_id, _bearer(authorization),
+                                              "complete", body.result)
+        return ExecutionOut.of(execution)
+
+    @app.post("/v1/executions/{execution_id}/fail", response_model=ExecutionOut,
+              responses={401: {"model": ErrorOut}, **ERRORS})
+    async def fail(
+        execution_id: str, body: FailRequest, service: Service,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> ExecutionOut:
+        """The engine's callback: the run failed (failed, or failed_transient)."""
+        execution, _ = await service.callback(execution_id, _bearer(authorization), "fail",
+                                              body.error, transient=body.transient)
+        return ExecutionOut.of(execution)
+
+    @app.put("/v1/executions/{execution_id}/resolve", response_model=ExecutionOut,
+             responses=ERRORS)
+    async def resolve(execution_id: str, body: ResolveRequest, service: Service
+                      ) -> ExecutionOut:
+        """An operator resolves a flagged (or any running delegated) execution: attach the
+        engine's id, or end the run as failed_transient (fail) or cancelled (cancel)."""
+        execution, _ = await service.resolve(
+            execution_id, action=body.action, external_id=body.external_execution_id,
+            reason=body.reason, actor=body.by)
+        return ExecutionOut.of(execution)
 
     @app.get("/v1/workers", response_model=WorkerPage, responses=ERRORS)
     async def list_workers(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -44,6 +44,30 @@ class MessageRequest(BaseModel):
     payload: Any = Field(default=None, description="Any JSON value")
 
 
+class CompleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    result: Any = Field(description="The run's result (any JSON value, null included)")
+
+
+class FailRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    error: Any = Field(description="What went wrong (any JSON value)")
+    transient: bool = Field(default=False,
+                            description="failed_transient (infrastructure) instead of failed")
+
+
+class ResolveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["attach", "fail", "cancel"]
+    external_execution_id: str | None = Field(default=None, min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=2000)
+    by: str = Field(default="operator", min_length=1, max_length=200,
+                    description="Who resolves it (recorded in history)")
+
+
 class MessageOut(BaseModel):
     message_id: int
     execution_id: str
@@ -71,6 +95,11 @@ class ExecutionOut(BaseModel):
     wake_at: datetime | None = None
     cancel_requested_at: datetime | None = None
     pause_requested_at: datetime | None = None
+    engine: str | None = None
+    external_execution_id: str | None = None
+    triggered_at: datetime | None = None
+    flagged_at: datetime | None = None
+    flag_reason: str | None = None
     waiting_reason: str | None = Field(
         default=None, description="Why a pending execution is not being run (if known)"
     )
@@ -97,6 +126,11 @@ class ExecutionOut(BaseModel):
             wake_at=e.wake_at,
             cancel_requested_at=e.cancel_requested_at,
             pause_requested_at=e.pause_requested_at,
+            engine=e.engine,
+            external_execution_id=e.external_execution_id,
+            triggered_at=e.triggered_at,
+            flagged_at=e.flagged_at,
+            flag_reason=e.flag_reason,
             waiting_reason=waiting_reason,
         )
 

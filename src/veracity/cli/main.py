@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
@@ -156,9 +157,11 @@ def server(config_path: str | None, database_url: str | None, app: str | None,
                              port=port)
     setup_logging(settings.log_level)
     try:
+        from veracity.external import parse_external
         from veracity.runtime import load_user_app
 
         load_user_app(settings)  # fail fast, before binding the port
+        parse_external(settings)  # a misconfigured engine is named at start
     except ConfigError as exc:
         raise Failure(str(exc)) from None
     sys.exit(run_server(settings, with_worker=with_worker))
@@ -306,10 +309,11 @@ def get(config_path: str | None, database_url: str | None, app: str | None, as_j
 @click.option("--created-before", default=None, metavar="TIME")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--cursor", default=None, help="next_cursor of the previous page.")
+@click.option("--flagged", is_flag=True, help="Only executions flagged for an operator.")
 def list_(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
           statuses: tuple[str, ...], ffqn_prefix: str | None, deployment_id: str | None,
           created_after: str | None, created_before: str | None, limit: int,
-          cursor: str | None) -> None:
+          cursor: str | None, flagged: bool) -> None:
     """List executions, newest first."""
     settings = settings_from(config_path, database_url=database_url, app=app)
     filt = ExecutionFilter(
@@ -318,6 +322,7 @@ def list_(config_path: str | None, database_url: str | None, app: str | None, as
         deployment_id=deployment_id,
         created_after=parse_time("--created-after", created_after),
         created_before=parse_time("--created-before", created_before),
+        flagged=True if flagged else None,
     )
     page = run(with_runtime(settings, lambda rt: rt.service.page(filt, limit=limit,
                                                                  cursor=cursor)))
@@ -328,7 +333,7 @@ def list_(config_path: str | None, database_url: str | None, app: str | None, as
     print_table(
         ["id", "ffqn", "status", "attempt", "created at", "note"],
         [[str(e.id), short(e.ffqn, 50), str(e.status), str(e.attempt), fmt_time(e.created_at),
-          page.waiting.get(e.id, "")]
+          page.waiting.get(e.id, "") or (f"flagged: {e.flag_reason}" if e.flagged_at else "")]
          for e in page.items],
     )
     if page.next_cursor:
@@ -406,6 +411,38 @@ def send(config_path: str | None, database_url: str | None, app: str | None, as_
     else:
         click.echo(f"sent message {message.id} on {topic!r} to {execution.id} "
                    f"({execution.status})")
+
+
+@cli.command()
+@common_options
+@json_option
+@click.argument("execution_id")
+@click.option("--attach", "attach", default=None, metavar="EXTERNAL_ID",
+              help="Attach the engine's execution id.")
+@click.option("--fail", "fail_", is_flag=True, help="End the run as failed_transient.")
+@click.option("--cancel", "cancel_", is_flag=True, help="End the run as cancelled.")
+@click.option("--reason", required=True, help="Why (recorded in history).")
+@click.option("--by", default=None, help="Who resolves it (default: $USER).")
+def resolve(config_path: str | None, database_url: str | None, app: str | None,
+            as_json: bool, execution_id: str, attach: str | None, fail_: bool,
+            cancel_: bool, reason: str, by: str | None) -> None:
+    """Resolve a flagged external execution: --attach ID, --fail or --cancel."""
+    chosen = [name for name, on in (("attach", attach is not None), ("fail", fail_),
+                                    ("cancel", cancel_)) if on]
+    if len(chosen) != 1:
+        raise click.UsageError("give exactly one of --attach ID, --fail, --cancel")
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    actor = by or os.environ.get("USER") or "cli"
+
+    async def go(rt: Runtime) -> tuple[Execution, bool]:
+        return await rt.service.resolve(execution_id, action=chosen[0], external_id=attach,
+                                        reason=reason, actor=actor)
+
+    execution, _ = run(with_runtime(settings, go))
+    if as_json:
+        print_json(execution_json(execution))
+    else:
+        click.echo(f"resolved ({chosen[0]}): {execution.id} is {execution.status}")
 
 
 def main() -> None:

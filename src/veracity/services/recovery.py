@@ -25,6 +25,7 @@ class RecoveryResult:
     """False when another runner held the lock (the tick was skipped)."""
     retried: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
 
 
 class RecoveryMetrics:
@@ -65,10 +66,14 @@ class RecoveryService:
                 )
                 for item in recovered:
                     e = item.execution
-                    action = "failed_transient" if e.status == Status.FAILED_TRANSIENT else "retry"
-                    (result.failed if action == "failed_transient" else result.retried).append(
-                        str(e.id)
-                    )
+                    action = {Status.PENDING: "retry", Status.FAILED_TRANSIENT:
+                              "failed_transient"}.get(e.status, "cancel")
+                    if action == "retry":
+                        result.retried.append(str(e.id))
+                    elif action == "failed_transient":
+                        result.failed.append(str(e.id))
+                    else:  # a cancel requested before the lease expired: carried out
+                        result.cancelled.append(str(e.id))
                     if self.metrics:
                         self.metrics.actions.labels(action).inc()
                     log.warning(

@@ -65,10 +65,12 @@ def check_filter(filter: ExecutionFilter) -> None:
 
 
 def recover_sources() -> list[str]:
-    """Recovery leaves running for pending or failed_transient: both must be allowed."""
-    a = set(sources_of(Status.PENDING, among=OWNED_FROM))
-    b = set(sources_of(Status.FAILED_TRANSIENT, among=OWNED_FROM))
-    return sorted(str(s) for s in a & b)
+    """Recovery leaves running for pending or failed_transient (or, when a cancel was
+    requested, cancelled or blocked): every one must be allowed."""
+    allowed = set(OWNED_FROM)
+    for target in (Status.PENDING, Status.FAILED_TRANSIENT, Status.CANCELLED, Status.BLOCKED):
+        allowed &= set(sources_of(target, among=OWNED_FROM))
+    return sorted(str(s) for s in allowed)
 
 
 def lock_key(name: str) -> int:

@@ -144,9 +144,9 @@ def _late(claim: Claim, report: str, payload: JSON, now: datetime | None) -> Op:
         return TransitionResult(False, None, "execution does not exist")
     current = execution_from(row)
     late = late_report_event(report, claim, payload, current)
-    yield Query("execution_bump_history", {"id": claim.execution_id, "by": 1})
+    rows = yield Query("execution_bump_history", {"id": claim.execution_id, "by": 1})
     yield from _events(claim.execution_id, current.history_seq, [("late_report", late)], now)
-    return TransitionResult(False, current, str(late["reason"]))
+    return TransitionResult(False, execution_from(rows[0]), str(late["reason"]))
 
 
 def _get(execution_id: uuid.UUID) -> Op:
@@ -170,7 +170,9 @@ def block_if_owned(
     """running -> blocked (holding no lease), with the journal events that explain the wait.
 
     It goes to pending instead when what it waits for already happened: a signal moved
-    since ``seen_signal`` was read, or the timer is already due.
+    since ``seen_signal`` was read, or the timer is already due. A cancel or pause that was
+    requested meanwhile is acted on here, at this wait: cancelled (or blocked on the
+    children it may not cancel), or paused with the wait kept.
     """
     for kind, _ in events:
         check_journal_kind(kind)
@@ -179,6 +181,19 @@ def block_if_owned(
         return (yield from _late(claim, "block", {"reason": reason}, now))
     seq = row["history_seq"]
     yield from _events(claim.execution_id, seq, events, now)
+    if row["cancel_requested_at"] is not None:
+        yield Query("execution_bump_history", {"id": claim.execution_id, "by": len(events)})
+        return (yield from _stop_cancel(claim, seq + len(events), now))
+    if row["pause_requested_at"] is not None:
+        rows = yield Query("execution_park_waiting", {
+            "id": claim.execution_id, "wake_at": wake_at, "seen": seen_signal,
+            "events": len(events), "now": now,
+            "from_states": _names(sources_of(Status.PAUSED, among=[Status.RUNNING])),
+        })
+        yield from _events(claim.execution_id, seq + len(events), [("paused", {
+            "owner": claim.owner, "epoch": claim.epoch,
+            "reason": f"pause requested; parked at its wait ({reason})"})], now)
+        return TransitionResult(True, execution_from(rows[0]))
     rows = yield Query("execution_block", {
         "id": claim.execution_id, "wake_at": wake_at, "seen": seen_signal,
         "events": len(events), "now": now,
@@ -252,7 +267,8 @@ def stop_if_owned(claim: Claim, kind: str, now: datetime | None) -> Op:
     """The worker acting on an interrupt at a step boundary.
 
     cancel: running -> cancelled, or -> blocked while children it may not cancel are still
-    running (the last one to end records it cancelled). pause: running -> paused.
+    running (the last one to end records it cancelled). pause: running -> paused; if the
+    pause was withdrawn meanwhile, back to pending instead (it resumes from its journal).
     """
     row = yield from _fenced(claim, now)
     if row is None:
@@ -260,6 +276,14 @@ def stop_if_owned(claim: Claim, kind: str, now: datetime | None) -> Op:
     seq = row["history_seq"]
     base: dict[str, JSON] = {"owner": claim.owner, "epoch": claim.epoch}
     if kind == "pause":
+        if row["pause_requested_at"] is None:
+            rows = yield Query("execution_release_locked", {
+                "id": claim.execution_id, "now": now,
+                "from_states": _names(sources_of(Status.PENDING, among=[Status.RUNNING])),
+            })
+            yield from _events(claim.execution_id, seq, [("pending", {
+                **base, "reason": "pause withdrawn before it parked"})], now)
+            return TransitionResult(True, execution_from(rows[0]))
         rows = yield Query("execution_park", {
             "id": claim.execution_id, "now": now,
             "from_states": _names(sources_of(Status.PAUSED, among=[Status.RUNNING])),
@@ -267,6 +291,12 @@ def stop_if_owned(claim: Claim, kind: str, now: datetime | None) -> Op:
         yield from _events(claim.execution_id, seq, [("paused", {
             **base, "reason": "pause requested; parked at a step boundary"})], now)
         return TransitionResult(True, execution_from(rows[0]))
+    return (yield from _stop_cancel(claim, seq, now))
+
+
+def _stop_cancel(claim: Claim, seq: int, now: datetime | None) -> Op:
+    # children it spawned after the request are cancelled too (those it may cancel)
+    yield from _cancel_subtree(claim.execution_id, "worker", now)
     rows = yield Query("execution_open_children", {"id": claim.execution_id})
     open_children = int(rows[0]["n"])
     target = Status.BLOCKED if open_children else Status.CANCELLED
@@ -276,8 +306,8 @@ def stop_if_owned(claim: Claim, kind: str, now: datetime | None) -> Op:
     })
     reason = (f"cancel requested; waiting for {open_children} children that cannot be "
               "cancelled" if open_children else "cancel requested; stopped at its next await")
-    yield from _events(claim.execution_id, seq, [(str(target), {**base, "reason": reason})],
-                       now)
+    yield from _events(claim.execution_id, seq, [(str(target), {
+        "owner": claim.owner, "epoch": claim.epoch, "reason": reason})], now)
     return TransitionResult(True, execution_from(rows[0]))
 
 
@@ -329,7 +359,8 @@ def send_message(execution_id: uuid.UUID, topic: str, payload: JSON,
         "now": now,
     })
     message = message_from(rows[0])
-    wake = current.status == Status.BLOCKED
+    # a blocked execution wakes up, unless its cancellation only waits for its children
+    wake = current.status == Status.BLOCKED and current.cancel_requested_at is None
     rows = yield Query("execution_signal_bump", {
         "id": execution_id, "wake": wake, "now": now,
         "events": 2 if wake else 1,
@@ -353,6 +384,14 @@ def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> 
     root = execution_from(row)
     if root.status.is_terminal:
         return ControlResult(root)
+    marked = yield from _cancel_subtree(execution_id, actor, now)
+    after = yield from _get(execution_id)
+    return ControlResult(after, changed=bool(marked))
+
+
+def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+    """Mark the execution and its cancellable descendants cancel-requested, then record
+    cancelled whatever is not running and has no unfinished children."""
     rows = yield Query("execution_cancel_mark", {
         "id": execution_id, "now": now, "terminal": TERMINAL_NAMES,
     })
@@ -375,8 +414,7 @@ def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> 
             yield from _events(e.id, e.history_seq - 1, [("cancelled", {
                 "by": actor, "reason": "cancelled on request"
                 if e.id == execution_id else "cancelled with its parent"})], now)
-    after = yield from _get(execution_id)
-    return ControlResult(after, changed=bool(marked))
+    return marked
 
 
 def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:

@@ -259,6 +259,9 @@ class Context:
         # the worker batches checkpoints of concurrent runs; alone, one statement each
         self._checkpoint_one = checkpoint
         self._join_sets = 0
+        self.nondeterminism: NondeterminismError | None = None
+        """The first divergence from the journal: the execution fails with it, even if the
+        workflow code catches the exception."""
         self.execution_id = execution_id
         self.deployment_id = deployment_id
         self.attempt = attempt
@@ -277,8 +280,16 @@ class Context:
         return self._interrupt
 
     def _check(self) -> None:
+        if self.nondeterminism is not None:
+            raise self.nondeterminism
         if self._interrupt is not None:
             raise ExecutionInterrupted(self._interrupt)
+
+    def _diverged(self, pos: int, recorded: str, new: str) -> NondeterminismError:
+        err = NondeterminismError(pos, recorded, new)
+        if self.nondeterminism is None:
+            self.nondeterminism = err
+        return err
 
     # -- the workflow API --------------------------------------------------------------
 
@@ -367,7 +378,7 @@ class Context:
         data = recorded.data
         recorded_name = str(data.get("name"))
         if recorded_name != label:
-            raise NondeterminismError(pos, f"step {recorded_name}", f"step {label}")
+            raise self._diverged(pos, f"step {recorded_name}", f"step {label}")
         if recorded.kind == STEP_FAILED:
             err = data.get("error") or {}
             raise StepFailed(label, str(err.get("type")), str(err.get("message")))
@@ -419,7 +430,7 @@ class Context:
         if not events:
             return None
         if events[0].kind not in kinds:
-            raise NondeterminismError(pos, describe(events[0]), call)
+            raise self._diverged(pos, describe(events[0]), call)
         return events[0]
 
     def _estimate_now(self) -> datetime:
@@ -509,7 +520,7 @@ class Context:
         recorded = self._recorded(pos, (SCHEDULED,), f"schedule {ffqn}")
         if recorded is not None:
             if recorded.data.get("ffqn") != ffqn:
-                raise NondeterminismError(pos, describe(recorded), f"schedule {ffqn}")
+                raise self._diverged(pos, describe(recorded), f"schedule {ffqn}")
             return uuid.UUID(str(recorded.data["execution_id"]))
         if execution_id is None:
             new_id = uuid.uuid5(self.execution_id, f"schedule:{pos}")
@@ -540,7 +551,7 @@ class Context:
         recorded = self._recorded(pos, (CHILD_SUBMITTED,), f"submit {ffqn}")
         if recorded is not None:
             if recorded.data.get("ffqn") != ffqn:
-                raise NondeterminismError(pos, describe(recorded), f"submit {ffqn}")
+                raise self._diverged(pos, describe(recorded), f"submit {ffqn}")
             child_id = uuid.UUID(str(recorded.data["child_id"]))
             js.submitted.append(child_id)
             return child_id
@@ -598,7 +609,7 @@ class Context:
         call = f"recv({topic!r})"
         first = self._recorded(pos, (RECV_STARTED, MESSAGE_RECEIVED, RECV_TIMED_OUT), call)
         if first is not None and first.data.get("topic") != topic:
-            raise NondeterminismError(pos, describe(first), call)
+            raise self._diverged(pos, describe(first), call)
         got = self._journal.find(pos, MESSAGE_RECEIVED)
         if got is not None:
             return got.data.get("payload")

@@ -6,8 +6,10 @@ import asyncio
 import logging
 import signal
 
+from veracity._app import App
 from veracity.config import Settings
 from veracity.errors import ConfigError
+from veracity.external import build_engines, close_engines, parse_external
 from veracity.runtime import deployment_id_for, load_user_app, redact_url
 from veracity.store import Store, open_store
 from veracity.worker.runner import RateLimitedLog, Worker
@@ -41,9 +43,11 @@ async def run_worker(settings: Settings) -> int:
     # the pool reports every reconnection attempt itself; the worker's own rate-limited
     # messages say it once per interval instead
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
-    app = load_user_app(settings)
-    if app is None or not app.workflows:
-        raise ConfigError("a worker needs an app with workflows: set app (VERACITY_APP)")
+    app = load_user_app(settings) or App()
+    external = parse_external(settings)
+    if not app.workflows and not external.workflows:
+        raise ConfigError("a worker needs workflows to run: set app (VERACITY_APP) or "
+                          "[[external_workflow]] entries")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     worker: Worker | None = None
@@ -58,10 +62,12 @@ async def run_worker(settings: Settings) -> int:
     store = await open_store_patiently(settings, stop)
     if store is None:
         return 0
+    engines = build_engines(external)
     try:
         worker = Worker(
             store, app, settings=settings.worker,
             deployment_id=deployment_id_for(settings, app),
+            external=external, engines=engines,
         )
         if stop.is_set():
             return 0
@@ -69,5 +75,6 @@ async def run_worker(settings: Settings) -> int:
               f"on {redact_url(settings.database_url)}", flush=True)
         await worker.run()
     finally:
+        await close_engines(engines)
         await store.close()
     return 0

@@ -21,13 +21,15 @@ import socket
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from veracity._app import App, WorkflowDef
 from veracity.config import WorkerSettings
+from veracity.engines.base import Engine
+from veracity.external import ExternalConfig, trigger
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
 from veracity.store.protocol import Store
 from veracity.worker.context import (
@@ -192,13 +194,19 @@ class Worker:
         deployment_id: str | None = None,
         worker_id: str | None = None,
         ffqns: Sequence[str] | None = None,
+        external: ExternalConfig | None = None,
+        engines: Mapping[str, Engine] | None = None,
     ) -> None:
         self.store = store
         self.app = app
+        self.external = external
+        self.engines = dict(engines or {})
         self.settings = settings or WorkerSettings()
         self.deployment_id = deployment_id or app.code_digest()
         self.id = worker_id or new_worker_id()
-        self.ffqns = sorted(ffqns if ffqns is not None else app.workflows)
+        if ffqns is None:
+            ffqns = [*app.workflows, *(external.workflows if external else ())]
+        self.ffqns = sorted(set(ffqns))
         self.ttl = timedelta(seconds=self.settings.lease_ttl)
         self.runs: dict[uuid.UUID, Run] = {}
         self._wake = asyncio.Event()
@@ -313,6 +321,11 @@ class Worker:
     def _start(self, execution: Execution, claimed_at: float) -> None:
         claim = Claim(execution.id, self.id, execution.lease_epoch)
         run = Run(execution, claim)
+        # a cancel or pause requested before the claim is acted on at the first await
+        if execution.cancel_requested_at is not None:
+            run.interrupt = "cancel"
+        elif execution.pause_requested_at is not None:
+            run.interrupt = "pause"
         previous = self.runs.get(execution.id)
         if previous is not None:
             # we claimed it again (a newer epoch) while an old run of ours was still going:
@@ -333,6 +346,9 @@ class Worker:
     async def _execute(self, run: Run) -> None:
         execution, claim = run.execution, run.claim
         try:
+            if self.external is not None and execution.ffqn in self.external.workflows:
+                await self._trigger(run)
+                return
             wf = self.app.get(execution.ffqn)
             if wf is None:  # cannot happen: we claim only registered names
                 await self._release(claim, "workflow not registered in this worker")
@@ -374,6 +390,18 @@ class Worker:
             self.finished_total += 1
             self._slot_freed.set()
 
+    async def _trigger(self, run: Run) -> None:
+        assert self.external is not None
+        workflow = self.external.workflows[run.execution.ffqn]
+        engine = self.engines.get(workflow.engine)
+        if engine is None or self.external.public_url is None:
+            await self._release(run.claim, f"engine {workflow.engine} is not available here")
+            return
+        what = await trigger(self.store, engine, workflow, run.execution, run.claim,
+                             self.external.public_url)
+        log.info("trigger: %s", what, extra={**EXTRA, "execution_id": str(run.execution.id),
+                                             "engine": workflow.engine})
+
     async def _journal(self, execution: Execution) -> Journal:
         # a first run has only its `pending` and `running` events: nothing to replay
         if execution.history_seq <= 2:
@@ -387,25 +415,36 @@ class Worker:
             async with limit:
                 value = await wf.fn(ctx, *run.execution.params)
         except (ExecutionInterrupted, ExecutionSuspended):
-            raise
-        except TimeoutError as exc:
-            if wf.timeout is not None and limit.expired():
-                await self._fail(claim, workflow_error(
-                    "timeout", exc, f"workflow ran longer than its timeout of "
-                    f"{wf.timeout.total_seconds():g}s"))
+            if ctx.nondeterminism is not None:
+                await self._fail(claim, workflow_error("nondeterminism", ctx.nondeterminism))
                 return
-            # the workflow's own TimeoutError, not its time limit
-            await self._fail(claim, workflow_error("workflow_error", exc))
-            return
-        except NondeterminismError as exc:
-            await self._fail(claim, workflow_error("nondeterminism", exc))
-            return
-        except NotJSONError as exc:
-            await self._fail(claim, workflow_error("step_result_not_json", exc))
-            return
+            raise
         except Exception as exc:
-            await self._fail(claim, workflow_error("workflow_error", exc))
+            if ctx.nondeterminism is not None:  # whatever the workflow made of it
+                await self._fail(claim, workflow_error("nondeterminism", ctx.nondeterminism))
+                return
+            await self._fail_with(claim, wf, limit, exc)
             return
+        if ctx.nondeterminism is not None:  # swallowed by the workflow: still a failure
+            await self._fail(claim, workflow_error("nondeterminism", ctx.nondeterminism))
+            return
+        await self._complete(claim, value)
+
+    async def _fail_with(self, claim: Claim, wf: WorkflowDef, limit: asyncio.Timeout,
+                         exc: Exception) -> None:
+        """The workflow raised: record why, with the code that names the cause."""
+        if isinstance(exc, TimeoutError) and wf.timeout is not None and limit.expired():
+            error = workflow_error("timeout", exc, "workflow ran longer than its timeout of "
+                                   f"{wf.timeout.total_seconds():g}s")
+        elif isinstance(exc, NondeterminismError):
+            error = workflow_error("nondeterminism", exc)
+        elif isinstance(exc, NotJSONError):
+            error = workflow_error("step_result_not_json", exc)
+        else:  # its own error (its own TimeoutError included)
+            error = workflow_error("workflow_error", exc)
+        await self._fail(claim, error)
+
+    async def _complete(self, claim: Claim, value: Any) -> None:
         # The workflow returned: its completion is written even if a cancel or pause arrived
         # meanwhile (the cancel is then kept as a late report); a lost lease fences it out.
         try:

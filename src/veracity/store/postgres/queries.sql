@@ -219,10 +219,19 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE veracity_executions AS e SET
-        status = CASE WHEN e.attempt >= %(max_attempts)s
-                      THEN 'failed_transient' ELSE 'pending' END,
-        attempt = CASE WHEN e.attempt >= %(max_attempts)s THEN e.attempt ELSE e.attempt + 1 END,
-        error = CASE WHEN e.attempt >= %(max_attempts)s
+        -- a cancel requested before the lease expired is carried out, not re-run
+        status = CASE
+            WHEN e.cancel_requested_at IS NOT NULL THEN
+                CASE WHEN EXISTS (SELECT 1 FROM veracity_executions AS c
+                                  WHERE c.parent_id = e.id
+                                    AND c.status NOT IN ('completed', 'failed',
+                                                         'failed_transient', 'cancelled'))
+                     THEN 'blocked' ELSE 'cancelled' END
+            WHEN e.attempt >= %(max_attempts)s THEN 'failed_transient'
+            ELSE 'pending' END,
+        attempt = CASE WHEN e.cancel_requested_at IS NOT NULL OR e.attempt >= %(max_attempts)s
+                       THEN e.attempt ELSE e.attempt + 1 END,
+        error = CASE WHEN e.cancel_requested_at IS NULL AND e.attempt >= %(max_attempts)s
                      THEN json_build_object(
                         'code', 'lease_expired',
                         'message', format('lease of %%s expired on attempt %%s of %%s',
@@ -405,7 +414,8 @@ WHERE lease_owner = %(owner)s
 -- name: execution_wake_due
 WITH due AS (
     SELECT id FROM veracity_executions
-    WHERE status = 'blocked' AND wake_at <= coalesce(%(now)s::timestamptz, now())
+    WHERE status = 'blocked' AND cancel_requested_at IS NULL
+      AND wake_at <= coalesce(%(now)s::timestamptz, now())
     ORDER BY wake_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -477,6 +487,7 @@ RETURNING *
 -- back to blocked only if still waiting: blocked before, no signal since, timer not due
 UPDATE veracity_executions SET
     status = CASE
+        WHEN cancel_requested_at IS NOT NULL THEN 'blocked'
         WHEN paused_from = 'blocked' AND blocked_seq = signal_seq
              AND (wake_at IS NULL OR wake_at > coalesce(%(now)s::timestamptz, now()))
         THEN 'blocked' ELSE 'pending' END,
@@ -558,3 +569,22 @@ UPDATE veracity_executions SET
     flag_reason = %(reason)s,
     history_seq = history_seq + 1
 WHERE id = %(id)s
+
+-- name: execution_park_waiting
+-- a pause requested while running, acted on at a durable wait: the wait is kept
+UPDATE veracity_executions SET
+    status = 'paused', paused_from = 'blocked', pause_requested_at = NULL,
+    wake_at = %(wake_at)s::timestamptz, blocked_seq = %(seen)s,
+    lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + %(events)s + 1
+WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
+RETURNING *
+
+-- name: execution_release_locked
+UPDATE veracity_executions SET
+    status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + 1
+WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
+RETURNING *

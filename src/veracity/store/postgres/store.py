@@ -206,6 +206,12 @@ class PostgresStore(EngineMethods):
                     except psycopg.OperationalError:
                         broken = conn.broken or conn.closed
                         raise
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+                # aborted as a deadlock victim: it did not commit; run it again
+                if attempt == RETRIES:
+                    raise
+                await asyncio.sleep(0.01 * (attempt + 1))
+                continue
             except psycopg.OperationalError as exc:
                 if not broken or attempt == RETRIES:
                     raise

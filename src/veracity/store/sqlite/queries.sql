@@ -128,9 +128,19 @@ LIMIT :limit
 
 -- name: execution_recover_one
 UPDATE veracity_executions SET
-    status = CASE WHEN attempt >= :max_attempts THEN 'failed_transient' ELSE 'pending' END,
-    attempt = CASE WHEN attempt >= :max_attempts THEN attempt ELSE attempt + 1 END,
-    error = CASE WHEN attempt >= :max_attempts
+    -- a cancel requested before the lease expired is carried out, not re-run
+    status = CASE
+        WHEN cancel_requested_at IS NOT NULL THEN
+            CASE WHEN EXISTS (SELECT 1 FROM veracity_executions AS c
+                              WHERE c.parent_id = veracity_executions.id
+                                AND c.status NOT IN ('completed', 'failed',
+                                                     'failed_transient', 'cancelled'))
+                 THEN 'blocked' ELSE 'cancelled' END
+        WHEN attempt >= :max_attempts THEN 'failed_transient'
+        ELSE 'pending' END,
+    attempt = CASE WHEN cancel_requested_at IS NOT NULL OR attempt >= :max_attempts
+                   THEN attempt ELSE attempt + 1 END,
+    error = CASE WHEN cancel_requested_at IS NULL AND attempt >= :max_attempts
                  THEN json_object('code', 'lease_expired', 'message',
                       printf('lease of %s expired on attempt %d of %d',
                              lease_owner, attempt, :max_attempts))
@@ -281,7 +291,7 @@ WHERE lease_owner = :owner
 UPDATE veracity_executions SET
     status = 'pending', wake_at = NULL, updated_at = :now, history_seq = history_seq + 1
 WHERE id IN (SELECT id FROM veracity_executions
-             WHERE status = 'blocked' AND wake_at <= :now
+             WHERE status = 'blocked' AND cancel_requested_at IS NULL AND wake_at <= :now
              ORDER BY wake_at LIMIT :limit)
   AND status IN (SELECT value FROM json_each(:from_states))
 RETURNING *
@@ -341,6 +351,7 @@ RETURNING *
 -- name: execution_unpause
 UPDATE veracity_executions SET
     status = CASE
+        WHEN cancel_requested_at IS NOT NULL THEN 'blocked'
         WHEN paused_from = 'blocked' AND blocked_seq = signal_seq
              AND (wake_at IS NULL OR wake_at > :now)
         THEN 'blocked' ELSE 'pending' END,
@@ -400,3 +411,21 @@ UPDATE veracity_executions SET
     flag_reason = :reason,
     history_seq = history_seq + 1
 WHERE id = :id
+
+-- name: execution_park_waiting
+UPDATE veracity_executions SET
+    status = 'paused', paused_from = 'blocked', pause_requested_at = NULL,
+    wake_at = :wake_at, blocked_seq = :seen,
+    lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = :now,
+    history_seq = history_seq + :events + 1
+WHERE id = :id AND status IN (SELECT value FROM json_each(:from_states))
+RETURNING *
+
+-- name: execution_release_locked
+UPDATE veracity_executions SET
+    status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id = :id AND status IN (SELECT value FROM json_each(:from_states))
+RETURNING *

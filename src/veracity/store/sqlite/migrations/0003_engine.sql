@@ -85,6 +85,9 @@ BEGIN
             json_object('report', 'cancel',
                         'reason', 'the execution ended ' || NEW.status ||
                                   ' before the cancellation reached it',
-                        'requested_at', NEW.cancel_requested_at));
+                        'requested_at',
+                        strftime('%Y-%m-%dT%H:%M:%S', NEW.cancel_requested_at / 1000000,
+                                 'unixepoch')
+                        || printf('.%06d+00:00', NEW.cancel_requested_at % 1000000)));
     UPDATE veracity_executions SET history_seq = history_seq + 1 WHERE id = NEW.id;
 END;

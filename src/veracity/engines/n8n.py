@@ -1,0 +1,488 @@
+"""The n8n adapter: start through a production webhook, inspect and stop through n8n's API.
+
+What Veracity needs of an n8n workflow (see also ``docs/`` and the example workflow):
+
+1. A **Webhook** node (HTTP method POST) with *Respond* set to *Using 'Respond to
+   Webhook' node* (``responseMode: "responseNode"``), and the workflow active, so that
+   its production URL (``<base_url>/webhook/<path>``) answers.
+2. Directly after it, a **Respond to Webhook** node answering JSON
+   ``{{ { executionId: $execution.id } }}`` with status 200. n8n's default webhook answer
+   carries no execution id; without this node every start is ambiguous.
+3. The work itself. The trigger's body is ``{"execution_id", "params", "callback":
+   {"complete_url", "fail_url", "token"}}``.
+4. Last, an **HTTP Request** node POSTing ``{"result": ...}`` to ``callback.complete_url``
+   with the header ``Authorization: Bearer <callback.token>`` (and, on an error branch,
+   ``{"error": ...}`` to ``callback.fail_url``).
+
+The n8n facts this module relies on (checked against n8n's source and documentation):
+
+- ``GET /api/v1/executions/{id}`` with the ``X-N8N-API-KEY`` header answers the execution
+  with ``id``, ``status``, ``finished``, ``mode``, ``startedAt``, ``stoppedAt``,
+  ``waitTill``; an unknown id is 404 ``{"message": "Not Found"}``, a non-numeric id 400,
+  a wrong or missing key 401. ``finished`` is true only for ``success`` and is not used.
+  Listing omits the runs n8n holds in memory (waiting ones too), so runs are only ever
+  fetched by id.
+- Statuses: ``new``, ``running``, ``waiting``, ``success``, ``error``, ``canceled``,
+  ``crashed``, ``unknown``; see :func:`veracity.core.reconcile.classify_n8n`.
+- Stopping: newer n8n has a public ``POST /api/v1/executions/{id}/stop`` (API-key scope
+  ``execution:stop``); n8n 1.x answers it 404. There, the internal
+  ``POST /rest/executions/{id}/stop`` works with the session cookie (``n8n-auth``) of
+  ``POST /rest/login`` ``{emailOrLdapLoginId, password}``, sent with the same
+  ``browser-id`` header used at login (n8n binds the session to it). Stopping a run that
+  already ended answers 500 "Only running or waiting executions can be stopped" (409 in
+  the newest public API), an unknown id 500 or 404.
+
+Nothing the engine or the network does raises out of this adapter: answers that are not
+JSON, lack fields or carry an unknown status are "unknown" inspections, failed stops or
+ambiguous starts. After any stop attempt the caller must inspect the run again and decide
+from what n8n then says: a stop request accepted is not a run finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.cookiejar
+import re
+import uuid
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from veracity.core.reconcile import N8N_TERMINAL_STATUSES, EngineState, classify_n8n
+from veracity.engines.base import (
+    CallbackInfo,
+    EngineConfig,
+    EngineErrorKind,
+    Inspection,
+    StartResult,
+    StopMode,
+    StopResult,
+)
+
+__all__ = ["N8nEngine", "webhook_url"]
+
+_N8N_ID = re.compile(r"[0-9]+")
+_MESSAGE_LIMIT = 500
+
+
+def webhook_url(base_url: str, webhook: str) -> str:
+    """The URL a trigger is POSTed to: ``webhook`` if it is a full http(s) URL, else a path
+    under ``base_url``. Raises ``ValueError`` for anything else."""
+    text = webhook.strip()
+    if not text:
+        raise ValueError("empty webhook")
+    if "://" in text:
+        parts = urlsplit(text)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"webhook {webhook!r}: expected a path or an http(s) URL")
+        return text
+    return f"{base_url.rstrip('/')}/{text.lstrip('/')}"
+
+
+class N8nEngine:
+    """One n8n instance, over one pooled :class:`httpx.AsyncClient`.
+
+    Every call is bounded by ``config.timeout`` as a whole (connect, send and read).
+    ``transport`` is for tests.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        max_connections: int = 64,
+    ) -> None:
+        self._config = config
+        # n8n binds a login session to the browser-id header sent at login; one per adapter.
+        self._browser_id = str(uuid.uuid4())
+        self._session: dict[str, str] = {}
+        self._session_generation = 0
+        self._login_lock = asyncio.Lock()
+        # A jar that accepts no cookie: the session cookie is kept by hand and sent only to
+        # /rest/, never to webhooks (whose workflows could read and store it).
+        no_cookies = http.cookiejar.CookieJar(
+            policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[])
+        )
+        self._client = httpx.AsyncClient(
+            base_url=config.base_url,
+            timeout=httpx.Timeout(config.timeout),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            transport=transport,
+            cookies=no_cookies,
+            follow_redirects=False,
+            headers={"Accept": "application/json", "User-Agent": "veracity"},
+        )
+
+    @property
+    def name(self) -> str:
+        return self._config.name
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- start ---------------------------------------------------------------------
+
+    async def start(
+        self,
+        execution_id: str,
+        params: Any,
+        callback: CallbackInfo,
+        *,
+        target: str,
+    ) -> StartResult:
+        """POST the trigger to the workflow's production webhook.
+
+        Started: 2xx with ``{"executionId": <n8n id>}`` (a JSON string or number).
+        Refused: a 4xx other than 429 (the run does not exist), with n8n's message.
+        Unavailable: no connection could be made, or 429 (nothing was started).
+        Ambiguous: a timeout, a broken connection, a 3xx or 5xx, or a 2xx without a usable
+        id — the run may exist, and must never be triggered again.
+        """
+        try:
+            url = webhook_url(self._config.base_url, target)
+        except ValueError as exc:
+            return StartResult.refused(str(exc))
+        body = {
+            "execution_id": execution_id,
+            "params": params,
+            "callback": {
+                "complete_url": callback.complete_url,
+                "fail_url": callback.fail_url,
+                "token": callback.token,
+            },
+        }
+        try:
+            response = await self._request("POST", url, json=body)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            return StartResult.unavailable(f"no connection to n8n: {_describe(exc)}")
+        except (TimeoutError, httpx.TimeoutException):
+            return StartResult.ambiguous(
+                f"no answer within {self._config.timeout:g}s after sending: the run may exist"
+            )
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            return StartResult.refused(f"invalid webhook URL {url!r}: {exc}")
+        except httpx.HTTPError as exc:
+            return StartResult.ambiguous(
+                f"connection lost after sending ({_describe(exc)}): the run may exist"
+            )
+
+        code = response.status_code
+        if response.is_success:
+            external_id = _execution_id(_json_or_none(response))
+            if external_id is None:
+                return StartResult.ambiguous(
+                    f"the webhook answered {code} without a usable executionId (is a Respond "
+                    "to Webhook node answering {executionId: $execution.id} first?): "
+                    f"{_message(response)}",
+                    code,
+                )
+            return StartResult.started(external_id, code)
+        if code == 429:
+            return StartResult.unavailable(f"n8n is busy (429): {_message(response)}", code)
+        if 400 <= code < 500:
+            return StartResult.refused(_message(response), code)
+        return StartResult.ambiguous(
+            f"the webhook answered {code}: {_message(response)}; the run may exist", code
+        )
+
+    # -- inspect -------------------------------------------------------------------
+
+    async def inspect(self, external_id: str) -> Inspection:
+        """GET ``/api/v1/executions/{id}``; anything untrustworthy is an unknown state."""
+        if not external_id:
+            return Inspection.unknown(EngineErrorKind.BAD_REQUEST, "empty external id")
+        try:
+            response = await self._request(
+                "GET", _api_path(external_id), headers=self._api_headers()
+            )
+        except (TimeoutError, httpx.TimeoutException):
+            return Inspection.unknown(
+                EngineErrorKind.TIMEOUT, f"no answer within {self._config.timeout:g}s"
+            )
+        except httpx.HTTPError as exc:
+            return Inspection.unknown(EngineErrorKind.UNREACHABLE, _describe(exc))
+        return _inspection(external_id, response)
+
+    # -- stop ----------------------------------------------------------------------
+
+    async def stop(self, external_id: str) -> StopResult:
+        """Ask n8n to stop the run: the public stop, the session stop, or (``auto``) the
+        public one and, when n8n answers 404 (1.x has no such endpoint), the session one.
+
+        ``ok`` means n8n accepted the request, nothing more: inspect again afterwards.
+        """
+        if not external_id:
+            return StopResult(False, "empty external id")
+        mode = self._config.stop
+        if mode is StopMode.SESSION:
+            return await self._session_stop(external_id)
+        public = await self._public_stop(external_id)
+        if mode is StopMode.AUTO and public.status_code in (404, 405):
+            if not self._config.has_login:
+                return StopResult(
+                    False,
+                    f"{public.reason}; no session stop either: set login_email_env and "
+                    f"login_password_env in {self._config.entry} for n8n 1.x",
+                    "public",
+                    public.status_code,
+                )
+            return await self._session_stop(external_id)
+        return public
+
+    async def _public_stop(self, external_id: str) -> StopResult:
+        path = _api_path(external_id) + "/stop"
+        try:
+            response = await self._request("POST", path, headers=self._api_headers())
+        except (TimeoutError, httpx.TimeoutException):
+            return StopResult(False, self._timeout_reason("public stop"), "public")
+        except httpx.HTTPError as exc:
+            return StopResult(False, f"public stop: unreachable: {_describe(exc)}", "public")
+        if response.is_success:
+            return StopResult(True, "stop accepted", "public", response.status_code)
+        return StopResult(
+            False,
+            f"public stop answered {response.status_code}: {_message(response)}",
+            "public",
+            response.status_code,
+        )
+
+    async def _session_stop(self, external_id: str) -> StopResult:
+        path = f"/rest/executions/{quote(external_id, safe='')}/stop"
+        stale: int | None = None
+        for attempt in (1, 2):
+            generation, failure = await self._ensure_session(stale)
+            if failure is not None:
+                return failure
+            try:
+                response = await self._request("POST", path, headers=self._session_headers())
+            except (TimeoutError, httpx.TimeoutException):
+                return StopResult(False, self._timeout_reason("session stop"), "session")
+            except httpx.HTTPError as exc:
+                return StopResult(False, f"session stop: unreachable: {_describe(exc)}", "session")
+            self._keep_session_cookies(response)
+            if response.status_code == 401 and attempt == 1:
+                stale = generation  # the session expired or was revoked: log in again, once
+                continue
+            if response.is_success:
+                return StopResult(True, "stop accepted", "session", response.status_code)
+            return StopResult(
+                False,
+                f"session stop answered {response.status_code}: {_message(response)}",
+                "session",
+                response.status_code,
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _ensure_session(self, stale: int | None) -> tuple[int, StopResult | None]:
+        """A live login session: reuse it, or log in when there is none or when ``stale``
+        (the generation that just got 401) is still the current one."""
+        async with self._login_lock:
+            have = bool(self._session)
+            if have and (stale is None or stale != self._session_generation):
+                return self._session_generation, None
+            failure = await self._login()
+            return self._session_generation, failure
+
+    async def _login(self) -> StopResult | None:
+        email, password = self._config.login_email, self._config.login_password
+        if not email or not password:
+            return StopResult(
+                False,
+                f"session stop needs a login: set login_email_env and login_password_env "
+                f"in {self._config.entry}",
+                "session",
+            )
+        try:
+            response = await self._request(
+                "POST",
+                "/rest/login",
+                json={"emailOrLdapLoginId": email, "password": password},
+                headers={"browser-id": self._browser_id},
+            )
+        except (TimeoutError, httpx.TimeoutException):
+            return StopResult(False, self._timeout_reason("login"), "session")
+        except httpx.HTTPError as exc:
+            return StopResult(False, f"login: unreachable: {_describe(exc)}", "session")
+        if not response.is_success:
+            return StopResult(
+                False,
+                f"login answered {response.status_code}: {_message(response)}",
+                "session",
+                response.status_code,
+            )
+        # Replaced only once the new session exists: a concurrent stop keeps a usable cookie.
+        fresh = {cookie.name: cookie.value for cookie in response.cookies.jar if cookie.value}
+        if not fresh:
+            return StopResult(
+                False, "login answered without a session cookie", "session", response.status_code
+            )
+        self._session = fresh
+        self._session_generation += 1
+        return None
+
+    def _keep_session_cookies(self, response: httpx.Response) -> None:
+        # n8n re-issues its cookie when the session nears expiry: keep the newest.
+        for cookie in response.cookies.jar:
+            if cookie.value:
+                self._session[cookie.name] = cookie.value
+
+    # -- plumbing ------------------------------------------------------------------
+
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        async with asyncio.timeout(self._config.timeout):
+            return await self._client.request(method, url, json=json, headers=headers)
+
+    def _api_headers(self) -> dict[str, str]:
+        return {"X-N8N-API-KEY": self._config.api_key}
+
+    def _session_headers(self) -> dict[str, str]:
+        cookie = "; ".join(f"{name}={value}" for name, value in self._session.items())
+        return {"browser-id": self._browser_id, "Cookie": cookie}
+
+    def _timeout_reason(self, what: str) -> str:
+        return f"{what}: no answer within {self._config.timeout:g}s"
+
+
+def _api_path(external_id: str) -> str:
+    return f"/api/v1/executions/{quote(external_id, safe='')}"
+
+
+def _inspection(external_id: str, response: httpx.Response) -> Inspection:
+    code = response.status_code
+    if not response.is_success:
+        kind = {
+            404: EngineErrorKind.NOT_FOUND,
+            400: EngineErrorKind.BAD_REQUEST,
+            401: EngineErrorKind.UNAUTHORIZED,
+            403: EngineErrorKind.UNAUTHORIZED,
+        }.get(code)
+        if kind is None:
+            kind = EngineErrorKind.SERVER_ERROR if code >= 500 else EngineErrorKind.HTTP_ERROR
+        return Inspection.unknown(kind, f"{code}: {_message(response)}")
+
+    data = _json_or_none(response)
+    if not isinstance(data, dict):
+        shown = "not JSON" if data is None else f"JSON {type(data).__name__}, not an object"
+        return Inspection.unknown(EngineErrorKind.BAD_JSON, f"{code}: the answer is {shown}")
+    if "id" in data and not _same_id(data["id"], external_id):
+        return Inspection.unknown(
+            EngineErrorKind.INCONSISTENT, f"asked for {external_id}, got id {data['id']!r}"
+        )
+    status = data.get("status")
+    if not isinstance(status, str):
+        what = "no status" if status is None else f"status {status!r} is not a string"
+        return Inspection.unknown(EngineErrorKind.MISSING_FIELDS, what)
+    stopped_at, wait_till = data.get("stoppedAt"), data.get("waitTill")
+    for field_name, value in (("stoppedAt", stopped_at), ("waitTill", wait_till)):
+        if value is not None and not isinstance(value, str):
+            return Inspection.unknown(
+                EngineErrorKind.MISSING_FIELDS,
+                f"{field_name} {value!r} is not a string",
+                status=status,
+            )
+    state = classify_n8n(status, stopped_at)
+    if state is EngineState.UNKNOWN:
+        if status in N8N_TERMINAL_STATUSES:
+            kind, detail = EngineErrorKind.INCONSISTENT, f"status {status!r} without stoppedAt"
+        else:
+            kind, detail = EngineErrorKind.UNKNOWN_STATUS, f"status {status!r}"
+        return Inspection(
+            state,
+            status=status,
+            stopped_at=stopped_at,
+            wait_till=wait_till,
+            error=kind,
+            detail=detail,
+        )
+    return Inspection(state, status=status, stopped_at=stopped_at, wait_till=wait_till)
+
+
+def _same_id(value: object, external_id: str) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | str):
+        return str(value) == external_id
+    return False
+
+
+def _execution_id(data: object) -> str | None:
+    """n8n's id from the Respond to Webhook answer, normalised to a string of digits."""
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    if not isinstance(data, dict):
+        return None
+    value = data.get("executionId")
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, str):
+        text = value.strip()
+    else:
+        return None
+    return text if _N8N_ID.fullmatch(text) else None
+
+
+def _json_or_none(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _message(response: httpx.Response) -> str:
+    """n8n's own message from an answer, shortened; the reason phrase if there is none."""
+    data = _json_or_none(response)
+    text: str | None = None
+    if isinstance(data, dict):
+        for key in ("message", "error"):
+            if isinstance(data.get(key), str) and data[key].strip():
+                text = data[key].strip()
+                break
+        if text is not None and isinstance(data.get("hint"), str) and data["hint"].strip():
+            text = f"{text} ({data['hint'].strip()})"
+    if text is None:
+        try:
+            text = response.text.strip()
+        except (UnicodeDecodeError, LookupError):
+            text = ""
+    if not text:
+        text = response.reason_phrase or f"HTTP {response.status_code}"
+    if len(text) > _MESSAGE_LIMIT:
+        text = text[:_MESSAGE_LIMIT] + "…"
+    return text
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
