@@ -65,6 +65,7 @@ ENV_VARS: dict[str, str] = {
     "reconciler.interval": "VERACITY_RECONCILER_INTERVAL",
     "reconciler.concurrency": "VERACITY_RECONCILER_CONCURRENCY",
     "reconciler.engine_timeout": "VERACITY_ENGINE_TIMEOUT",
+    "public_url": "VERACITY_PUBLIC_URL",
 }
 
 # ---------------------------------------------------------------------------
@@ -217,6 +218,7 @@ _DEFAULT_TEXT = {
     "app": "none",
     "deployment_id": "digest of the workflow code",
     "worker.heartbeat_interval": "lease_ttl / 4",
+    "public_url": "http://<host>:<port>",
 }
 _DURATION_KEYS = {
     "worker.lease_ttl",
