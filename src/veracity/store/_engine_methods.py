@@ -26,8 +26,50 @@ from veracity.store._common import require_aware
 
 
 class EngineMethods:
+    """Methods both backends share: the durable-engine operations (driven by ``_op``) and
+    the worker's fenced exits from running (each backend's ``_leave_if_owned``)."""
+
     async def _op(self, factory: Callable[[], _ops.Op]) -> Any:
         raise NotImplementedError
+
+    async def _leave_if_owned(
+        self, claim: Claim, to: Status, *, report: str, result: JSON = None,
+        error: JSON = None, event: dict[str, JSON], payload: JSON,
+    ) -> TransitionResult:
+        raise NotImplementedError
+
+    async def execution_complete_if_owned(self, claim: Claim, result: JSON) -> TransitionResult:
+        return await self._leave_if_owned(
+            claim,
+            Status.COMPLETED,
+            report="complete",
+            result=result,
+            event={"owner": claim.owner, "epoch": claim.epoch},
+            payload={"result": result},
+        )
+
+    async def execution_fail_if_owned(
+        self, claim: Claim, error: JSON, *, transient: bool = False
+    ) -> TransitionResult:
+        to = Status.FAILED_TRANSIENT if transient else Status.FAILED
+        return await self._leave_if_owned(
+            claim,
+            to,
+            report="fail",
+            error=error,
+            event={"owner": claim.owner, "epoch": claim.epoch, "error": error},
+            payload={"error": error, "transient": transient},
+        )
+
+    async def execution_release_if_owned(self, claim: Claim, reason: str) -> TransitionResult:
+        return await self._leave_if_owned(
+            claim,
+            Status.PENDING,
+            report="release",
+            event={"owner": claim.owner, "epoch": claim.epoch, "reason": reason},
+            payload={"reason": reason},
+        )
+
 
     def _now(self) -> datetime | None:
         raise NotImplementedError

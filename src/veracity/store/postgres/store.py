@@ -67,37 +67,8 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 def row_to_execution(row: Row) -> Execution:
-    return Execution(
-        id=row["id"],
-        ffqn=row["ffqn"],
-        params=row["params"],
-        status=Status(row["status"]),
-        result=row["result"],
-        error=row["error"],
-        attempt=row["attempt"],
-        deployment_id=row["deployment_id"],
-        parent_id=row["parent_id"],
-        idempotency_key=row["idempotency_key"],
-        scheduled_at=cast(datetime, _utc(row["scheduled_at"])),
-        created_at=cast(datetime, _utc(row["created_at"])),
-        updated_at=cast(datetime, _utc(row["updated_at"])),
-        lease_owner=row["lease_owner"],
-        lease_epoch=row["lease_epoch"],
-        lease_expires_at=_utc(row["lease_expires_at"]),
-        history_seq=row["history_seq"],
-        join_set=row.get("join_set"),
-        wake_at=_utc(row.get("wake_at")),
-        signal_seq=row.get("signal_seq", 0),
-        paused_from=row.get("paused_from"),
-        cancel_requested_at=_utc(row.get("cancel_requested_at")),
-        pause_requested_at=_utc(row.get("pause_requested_at")),
-        engine=row.get("engine"),
-        external_execution_id=row.get("external_execution_id"),
-        triggered_at=_utc(row.get("triggered_at")),
-        callback_token_hash=row.get("callback_token_hash"),
-        flagged_at=_utc(row.get("flagged_at")),
-        flag_reason=row.get("flag_reason"),
-    )
+    # the session's time zone is UTC, so timestamps arrive as aware UTC datetimes
+    return _ops.execution_from(row)
 
 
 def row_to_worker(row: Row) -> WorkerRecord:
@@ -404,37 +375,6 @@ class PostgresStore(EngineMethods):
             return TransitionResult(True, row_to_execution(row))
         return await self._late_report(report, claim, payload)
 
-    async def execution_complete_if_owned(self, claim: Claim, result: JSON) -> TransitionResult:
-        return await self._leave_if_owned(
-            claim,
-            Status.COMPLETED,
-            report="complete",
-            result=result,
-            event={"owner": claim.owner, "epoch": claim.epoch},
-            payload={"result": result},
-        )
-
-    async def execution_fail_if_owned(
-        self, claim: Claim, error: JSON, *, transient: bool = False
-    ) -> TransitionResult:
-        to = Status.FAILED_TRANSIENT if transient else Status.FAILED
-        return await self._leave_if_owned(
-            claim,
-            to,
-            report="fail",
-            error=error,
-            event={"owner": claim.owner, "epoch": claim.epoch, "error": error},
-            payload={"error": error, "transient": transient},
-        )
-
-    async def execution_release_if_owned(self, claim: Claim, reason: str) -> TransitionResult:
-        return await self._leave_if_owned(
-            claim,
-            Status.PENDING,
-            report="release",
-            event={"owner": claim.owner, "epoch": claim.epoch, "reason": reason},
-            payload={"reason": reason},
-        )
 
     async def execution_complete_many_if_owned(
         self, owner: str, items: Sequence[tuple[Claim, JSON]]

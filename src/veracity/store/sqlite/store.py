@@ -425,37 +425,6 @@ class SqliteStore(EngineMethods):
 
         return await self._run(self._write, work)
 
-    async def execution_complete_if_owned(self, claim: Claim, result: JSON) -> TransitionResult:
-        return await self._leave_if_owned(
-            claim,
-            Status.COMPLETED,
-            report="complete",
-            result=result,
-            event={"owner": claim.owner, "epoch": claim.epoch},
-            payload={"result": result},
-        )
-
-    async def execution_fail_if_owned(
-        self, claim: Claim, error: JSON, *, transient: bool = False
-    ) -> TransitionResult:
-        to = Status.FAILED_TRANSIENT if transient else Status.FAILED
-        return await self._leave_if_owned(
-            claim,
-            to,
-            report="fail",
-            error=error,
-            event={"owner": claim.owner, "epoch": claim.epoch, "error": error},
-            payload={"error": error, "transient": transient},
-        )
-
-    async def execution_release_if_owned(self, claim: Claim, reason: str) -> TransitionResult:
-        return await self._leave_if_owned(
-            claim,
-            Status.PENDING,
-            report="release",
-            event={"owner": claim.owner, "epoch": claim.epoch, "reason": reason},
-            payload={"reason": reason},
-        )
 
     async def execution_complete_many_if_owned(
         self, owner: str, items: Sequence[tuple[Claim, JSON]]
