@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from bench import engine, submit, workers
+from bench import engine, reconciler, submit, workers
 
 
 def main() -> None:
@@ -14,6 +14,7 @@ def main() -> None:
     submit.main([])
     workers.main([])
     engine.main([])
+    reconciler.main([])
 
 
 if __name__ == "__main__":
