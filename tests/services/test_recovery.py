@@ -344,17 +344,17 @@ async def test_single_runner_is_exclusive_and_released(
 ) -> None:
     other = await other_store()
     async with store.single_runner("tick") as first:
-        assert first is True
+        assert bool(first) is True
         async with other.single_runner("tick") as second:
-            assert second is False
+            assert bool(second) is False
         async with store.single_runner("tick") as same_store:
-            assert same_store is False  # a second tick of the same process, too
+            assert bool(same_store) is False  # a second tick of the same process, too
         async with other.single_runner("another") as unrelated:
-            assert unrelated is True
+            assert bool(unrelated) is True
     async with other.single_runner("tick") as after:
-        assert after is True
+        assert bool(after) is True
     async with store.single_runner("tick") as again:
-        assert again is True
+        assert bool(again) is True
 
 
 async def test_single_runner_is_released_when_the_tick_raises(
@@ -366,7 +366,7 @@ async def test_single_runner_is_released_when_the_tick_raises(
             assert got
             raise RuntimeError("tick failed")
     async with other.single_runner("tick") as after:
-        assert after is True
+        assert bool(after) is True
 
 
 async def test_single_runner_is_released_when_the_tick_is_cancelled(
@@ -387,7 +387,7 @@ async def test_single_runner_is_released_when_the_tick_is_cancelled(
         await task
     other = await other_store()
     async with other.single_runner("tick") as after:
-        assert after is True
+        assert bool(after) is True
 
 
 @asynccontextmanager
@@ -409,7 +409,7 @@ async def test_a_long_tick_keeps_its_lock(
         assert held
         clock.advance(timedelta(hours=6))
         async with other.single_runner("recovery") as second:
-            assert second is False
+            assert bool(second) is False
         assert not (await RecoveryService(other).run_once()).ran
 
 
@@ -434,10 +434,10 @@ async def test_postgres_lock_connection_killed_mid_tick(pg_url: str) -> None:
             assert await _terminate_lock_holders(pg_url) == 1
             # the session is gone, and its lock with it
             async with other.single_runner("recovery") as meanwhile:
-                assert meanwhile is True
+                assert bool(meanwhile) is True
         # leaving the tick whose connection died did not raise; the lock is free
         async with store.single_runner("recovery") as again:
-            assert again is True
+            assert bool(again) is True
         assert (await RecoveryService(store).run_once()).ran
 
 

@@ -22,15 +22,15 @@ async def test_single_runner_admits_one_holder_at_a_time(
 ) -> None:
     other = await open_extra_store()
     async with store.single_runner("recovery") as first:
-        assert first is True
+        assert bool(first) is True
         async with other.single_runner("recovery") as second:
-            assert second is False  # busy: skip the tick, never wait
+            assert bool(second) is False  # busy: skip the tick, never wait
         async with store.single_runner("recovery") as same_instance:
-            assert same_instance is False
+            assert bool(same_instance) is False
         async with other.single_runner("cron") as another_name:
-            assert another_name is True
+            assert bool(another_name) is True
     async with other.single_runner("recovery") as after_release:
-        assert after_release is True
+        assert bool(after_release) is True
 
 
 async def test_single_runner_releases_when_the_tick_raises(
@@ -39,10 +39,10 @@ async def test_single_runner_releases_when_the_tick_raises(
     other = await open_extra_store()
     with pytest.raises(RuntimeError, match="tick failed"):
         async with store.single_runner("reconciler") as held:
-            assert held is True
+            assert bool(held) is True
             raise RuntimeError("tick failed")
     async with other.single_runner("reconciler") as next_tick:
-        assert next_tick is True
+        assert bool(next_tick) is True
 
 
 async def test_single_runner_skipped_tick_does_not_release_the_holders_lock(
@@ -50,12 +50,12 @@ async def test_single_runner_skipped_tick_does_not_release_the_holders_lock(
 ) -> None:
     other, third = await open_extra_store(), await open_extra_store()
     async with store.single_runner("cron") as held:
-        assert held is True
+        assert bool(held) is True
         async with other.single_runner("cron") as skipped:
-            assert skipped is False
+            assert bool(skipped) is False
         # the skipped tick ended; the lock is still the first holder's
         async with third.single_runner("cron") as third_try:
-            assert third_try is False
+            assert bool(third_try) is False
 
 
 async def test_single_runner_lock_is_held_for_the_whole_tick_however_long(
@@ -64,10 +64,10 @@ async def test_single_runner_lock_is_held_for_the_whole_tick_however_long(
     """Ticks never overlap: a tick that runs long keeps its lock until it ends."""
     other = await open_extra_store()
     async with store.single_runner("recovery") as held:
-        assert held is True
+        assert bool(held) is True
         clock.advance(timedelta(hours=1))
         async with other.single_runner("recovery") as second:
-            assert second is False
+            assert bool(second) is False
 
 
 async def _wakes_up(store: Store, make_work: Callable[[int], Awaitable[None]]) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from veracity.core.states import Status
 from veracity.models import Execution, HistoryEvent
@@ -54,7 +54,7 @@ class FailRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     error: Any = Field(description="What went wrong (any JSON value)")
-    transient: bool = Field(default=False,
+    transient: StrictBool = Field(default=False,
                             description="failed_transient (infrastructure) instead of failed")
 
 

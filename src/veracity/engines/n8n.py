@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import http.cookiejar
+import json as jsonlib
 import re
 import uuid
 from collections.abc import Mapping
@@ -49,6 +50,7 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
+import aiohttp
 import httpx
 
 from veracity.core.reconcile import N8N_TERMINAL_STATUSES, EngineState, classify_n8n
@@ -83,10 +85,15 @@ def webhook_url(base_url: str, webhook: str) -> str:
 
 
 class N8nEngine:
-    """One n8n instance, over one pooled :class:`httpx.AsyncClient`.
+    """One n8n instance. :meth:`inspect`, the hot path (one call per running execution
+    per reconciler tick), goes over one pooled :class:`aiohttp.ClientSession`, made on the
+    first inspect inside the running loop; starts, stops and logins go over one pooled
+    :class:`httpx.AsyncClient`. Both pools hold at most ``max_connections`` connections and
+    :meth:`aclose` closes both.
 
     Every call is bounded by ``config.timeout`` as a whole (connect, send and read).
-    ``transport`` is for tests.
+    ``transport`` is for tests: when given, every call, inspect included, goes through
+    httpx over it (so the test sees every request).
     """
 
     def __init__(
@@ -97,6 +104,11 @@ class N8nEngine:
         max_connections: int = 64,
     ) -> None:
         self._config = config
+        self._max_connections = max_connections
+        self._use_httpx_for_inspect = transport is not None
+        self._aio: aiohttp.ClientSession | None = None  # made on first inspect, in the loop
+        self._closed = False
+        self._base = config.base_url.rstrip("/")
         # n8n binds a login session to the browser-id header sent at login; one per adapter.
         self._browser_id = str(uuid.uuid4())
         self._session: dict[str, str] = {}
@@ -128,7 +140,13 @@ class N8nEngine:
         return self._config
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        self._closed = True
+        aio, self._aio = self._aio, None
+        try:
+            if aio is not None:
+                await aio.close()
+        finally:
+            await self._client.aclose()
 
     async def __aenter__(self) -> Self:
         return self
@@ -212,17 +230,64 @@ class N8nEngine:
         """GET ``/api/v1/executions/{id}``; anything untrustworthy is an unknown state."""
         if not external_id:
             return Inspection.unknown(EngineErrorKind.BAD_REQUEST, "empty external id")
+        if not self._use_httpx_for_inspect:
+            return await self._aio_inspect(external_id)
         try:
             response = await self._request(
                 "GET", _api_path(external_id), headers=self._api_headers()
             )
         except (TimeoutError, httpx.TimeoutException):
-            return Inspection.unknown(
-                EngineErrorKind.TIMEOUT, f"no answer within {self._config.timeout:g}s"
-            )
+            return self._inspect_timeout()
         except httpx.HTTPError as exc:
             return Inspection.unknown(EngineErrorKind.UNREACHABLE, _describe(exc))
         return _inspection(external_id, response)
+
+    async def _aio_inspect(self, external_id: str) -> Inspection:
+        """:meth:`inspect` over aiohttp, answering exactly what the httpx path answers."""
+        session = self._aio_session()
+        url = self._base + _api_path(external_id)
+        try:
+            async with asyncio.timeout(self._config.timeout):
+                async with session.get(
+                    url, headers=self._api_headers(), allow_redirects=False
+                ) as answer:
+                    code = answer.status
+                    body = await answer.read()
+                    content_type = answer.headers.get("Content-Type")
+                    reason = answer.reason or ""
+        except TimeoutError:  # asyncio's, and aiohttp's ServerTimeoutError and kin
+            return self._inspect_timeout()
+        except (aiohttp.ClientError, OSError) as exc:
+            return Inspection.unknown(EngineErrorKind.UNREACHABLE, _describe(exc))
+        if 200 <= code < 300:
+            return _answer_inspection(external_id, code, _loads_or_none(body))
+        # Rare: an httpx response for n8n's message, decoded exactly as the httpx path does.
+        response = httpx.Response(
+            code,
+            headers={} if content_type is None else {"Content-Type": content_type},
+            content=body,
+            extensions={"reason_phrase": reason.encode("ascii", errors="ignore")},
+        )
+        return _failed_inspection(code, _message(response))
+
+    def _aio_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("the n8n engine is closed")
+        if self._aio is None:
+            # Synchronous from check to assignment: concurrent first inspects share one.
+            self._aio = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
+                timeout=aiohttp.ClientTimeout(total=self._config.timeout),
+                headers={"Accept": "application/json", "User-Agent": "veracity"},
+                cookie_jar=aiohttp.DummyCookieJar(),
+                raise_for_status=False,
+            )
+        return self._aio
+
+    def _inspect_timeout(self) -> Inspection:
+        return Inspection.unknown(
+            EngineErrorKind.TIMEOUT, f"no answer within {self._config.timeout:g}s"
+        )
 
     # -- stop ----------------------------------------------------------------------
 
@@ -378,17 +443,26 @@ def _api_path(external_id: str) -> str:
 def _inspection(external_id: str, response: httpx.Response) -> Inspection:
     code = response.status_code
     if not response.is_success:
-        kind = {
-            404: EngineErrorKind.NOT_FOUND,
-            400: EngineErrorKind.BAD_REQUEST,
-            401: EngineErrorKind.UNAUTHORIZED,
-            403: EngineErrorKind.UNAUTHORIZED,
-        }.get(code)
-        if kind is None:
-            kind = EngineErrorKind.SERVER_ERROR if code >= 500 else EngineErrorKind.HTTP_ERROR
-        return Inspection.unknown(kind, f"{code}: {_message(response)}")
+        return _failed_inspection(code, _message(response))
+    return _answer_inspection(external_id, code, _json_or_none(response))
 
-    data = _json_or_none(response)
+
+def _failed_inspection(code: int, message: str) -> Inspection:
+    """The inspection of a non-2xx answer ``code`` carrying ``message``."""
+    kind = {
+        404: EngineErrorKind.NOT_FOUND,
+        400: EngineErrorKind.BAD_REQUEST,
+        401: EngineErrorKind.UNAUTHORIZED,
+        403: EngineErrorKind.UNAUTHORIZED,
+    }.get(code)
+    if kind is None:
+        kind = EngineErrorKind.SERVER_ERROR if code >= 500 else EngineErrorKind.HTTP_ERROR
+    return Inspection.unknown(kind, f"{code}: {message}")
+
+
+def _answer_inspection(external_id: str, code: int, data: Any) -> Inspection:
+    """The inspection of a 2xx answer ``code`` whose body decoded to ``data`` (``None``:
+    not JSON)."""
     if not isinstance(data, dict):
         shown = "not JSON" if data is None else f"JSON {type(data).__name__}, not an object"
         return Inspection.unknown(EngineErrorKind.BAD_JSON, f"{code}: the answer is {shown}")
@@ -456,6 +530,14 @@ def _execution_id(data: object) -> str | None:
 def _json_or_none(response: httpx.Response) -> Any:
     try:
         return response.json()
+    except ValueError:
+        return None
+
+
+def _loads_or_none(body: bytes) -> Any:
+    """The body as JSON, decoded as :meth:`httpx.Response.json` does; ``None`` if not JSON."""
+    try:
+        return jsonlib.loads(body)
     except ValueError:
         return None
 

@@ -26,10 +26,15 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from veracity.core.reconcile import Action, EngineState, decide, limit_breached
 from veracity.engines.base import Engine, Inspection
 from veracity.models import Execution, ReconcileAction
+from veracity.store._common import RunnerLock
 from veracity.store.protocol import Store
 
 log = logging.getLogger("veracity.reconciler")
 DOMAIN = {"domain": "reconciler"}
+
+
+class LockLost(Exception):
+    """The tick's lock went away under it (its session ended): stop acting at once."""
 
 
 class ReconcilerMetrics:
@@ -57,6 +62,8 @@ class TickResult:
     actions: list[ReconcileAction] = field(default_factory=list)
     stops_requested: int = 0
     engine_errors: int = 0
+    lock_lost: bool = False
+    """The lock went away during the tick, which then stopped without acting further."""
 
 
 class ReconcilerService:
@@ -80,16 +87,22 @@ class ReconcilerService:
         self.engine_timeout = engine_timeout
         self.page_size = page_size
         self.metrics = metrics or ReconcilerMetrics(CollectorRegistry())
+        self._lock: RunnerLock | None = None
 
     async def run_once(self) -> TickResult:
-        async with self.store.single_runner(self.name) as acquired:
-            if not acquired:
+        async with self.store.single_runner(self.name) as lock:
+            if not lock:
                 self.metrics.ticks.labels("skipped_lock").inc()
                 log.info("tick skipped: another runner holds the lock", extra=DOMAIN)
                 return TickResult(ran=False)
             started = time.monotonic()
+            self._lock = lock
             try:
                 result = await self._tick()
+            except LockLost:
+                # another runner may act now; this tick wrote nothing after the loss
+                self.metrics.ticks.labels("error").inc()
+                return TickResult(ran=True, lock_lost=True)
             except Exception:
                 self.metrics.ticks.labels("error").inc()
                 raise
@@ -114,6 +127,7 @@ class ReconcilerService:
             decided = await asyncio.gather(
                 *(self._examine(e, now, gate, result) for e in page))
             actions = [a for a in decided if a is not None]
+            await self._still_ours()
             applied = await self.store.execution_reconcile_apply(actions)
             for action in applied:
                 self.metrics.actions.labels(action.kind).inc()
@@ -178,6 +192,7 @@ class ReconcilerService:
                     e, Action.FLAG, f"the engine {what} external id "
                     f"{e.external_execution_id} ({inspection.error}); left running", data)
             if decision.action == Action.STOP_REMOTE:
+                await self._still_ours()  # never stop a run under a lock we lost
                 result.stops_requested += 1
                 stopped = await self._stop(engine, e.external_execution_id, result)
                 # whatever the stop answered, decide from what the engine now says
@@ -195,6 +210,11 @@ class ReconcilerService:
         if decision.action == Action.FLAG:
             return self._action(e, Action.FLAG, decision.reason, data)
         return self._action(e, decision.action, decision.reason, data)
+
+    async def _still_ours(self) -> None:
+        if self._lock is not None and not await self._lock.held():
+            log.warning("the tick lost its lock; stopping without acting", extra=DOMAIN)
+            raise LockLost("the reconciler lock was lost during the tick")
 
     async def _stop(self, engine: Engine, external_id: str, result: TickResult) -> str:
         try:

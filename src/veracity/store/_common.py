@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from veracity.core.states import Status, sources_of
@@ -79,3 +80,20 @@ def lock_key(name: str) -> int:
 
     digest = hashlib.sha256(f"veracity:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class RunnerLock:
+    """What ``Store.single_runner`` yields: truthy when the lock was taken; ``held()`` asks
+    whether it is still held (a PostgreSQL session can be terminated under a tick)."""
+
+    def __init__(self, acquired: bool, check: Callable[[], Awaitable[bool]] | None = None):
+        self.acquired = acquired
+        self._check = check
+
+    def __bool__(self) -> bool:
+        return self.acquired
+
+    async def held(self) -> bool:
+        if not self.acquired:
+            return False
+        return True if self._check is None else await self._check()

@@ -618,7 +618,10 @@ def reconcile_apply(actions: Sequence[ReconcileAction], now: datetime | None) ->
                                      **action.data})], now)
             applied.append(action)
         elif action.kind == "flag":
-            if current.flagged_at is not None and current.flag_reason == action.reason:
+            # flagged already: keep the first, more specific reason (e.g. the trigger's)
+            if current.flagged_at is not None and (
+                current.flag_reason == action.reason or current.external_execution_id is None
+            ):
                 continue
             yield Query("execution_flag", {"id": action.execution_id, "reason": action.reason,
                                            "now": now})

@@ -35,6 +35,7 @@ from veracity.models import (
     WorkerInfo,
     WorkerRecord,
 )
+from veracity.store._common import RunnerLock
 
 
 class Store(Protocol):
@@ -143,9 +144,10 @@ class Store(Protocol):
 
     # -- coordination ---------------------------------------------------------------------
 
-    def single_runner(self, name: str) -> AbstractAsyncContextManager[bool]:
-        """Try to take the lock ``name`` for one tick of a periodic service; yields whether
-        it was taken (never waits). PostgreSQL: a session advisory lock on a dedicated
+    def single_runner(self, name: str) -> AbstractAsyncContextManager[RunnerLock]:
+        """Try to take the lock ``name`` for one tick of a periodic service; yields a
+        RunnerLock, truthy if it was taken (never waits), whose ``held()`` tells whether it
+        still is. PostgreSQL: a session advisory lock on a dedicated
         connection, released in ``finally``, the connection discarded if unlocking fails.
         SQLite: a lock row with an expiry."""
 

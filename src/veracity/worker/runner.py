@@ -92,6 +92,8 @@ class Run:
     task: asyncio.Task[None] | None = None
     interrupt: str | None = None
     """A cancel or pause that arrived before the context existed."""
+    delegated: bool = False
+    """Handed to an external engine: it holds no lease any more, so it is not renewed."""
 
 
 @dataclass
@@ -397,6 +399,8 @@ class Worker:
         if engine is None or self.external.public_url is None:
             await self._release(run.claim, f"engine {workflow.engine} is not available here")
             return
+        # from the delegation on it holds no lease: a slow engine call is not a lost lease
+        run.delegated = True
         what = await trigger(self.store, engine, workflow, run.execution, run.claim,
                              self.external.public_url)
         log.info("trigger: %s", what, extra={**EXTRA, "execution_id": str(run.execution.id),
@@ -506,7 +510,7 @@ class Worker:
 
     async def heartbeat(self) -> list[Claim]:
         """Renew every lease once; interrupt the runs whose lease is gone. Returns the lost."""
-        runs = list(self.runs.values())
+        runs = [r for r in self.runs.values() if not r.delegated]
         sent = time.monotonic()
         renewed = await self.store.lease_renew(self.id, [r.claim for r in runs], self.ttl)
         kept = {(c.execution_id, c.epoch) for c in renewed}

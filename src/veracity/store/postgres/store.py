@@ -37,6 +37,7 @@ from veracity.models import (
 )
 from veracity.store import _ops
 from veracity.store._common import (
+    RunnerLock,
     check_filter,
     check_journal_kind,
     check_new,
@@ -524,7 +525,7 @@ class PostgresStore(EngineMethods):
     # -- coordination ---------------------------------------------------------------
 
     @asynccontextmanager
-    async def single_runner(self, name: str) -> AsyncIterator[bool]:
+    async def single_runner(self, name: str) -> AsyncIterator[RunnerLock]:
         key = lock_key(name)
         # a connection of its own for the whole tick: the lock lives in its session
         conn = await psycopg.AsyncConnection.connect(
@@ -537,8 +538,16 @@ class PostgresStore(EngineMethods):
         except BaseException:
             await conn.close()
             raise
+        async def still_held() -> bool:
+            # the lock lives as long as this session: a dead connection has lost it
+            try:
+                await conn.execute(_q("ping"))
+            except Exception:
+                return False
+            return True
+
         try:
-            yield acquired
+            yield RunnerLock(acquired, still_held)
         finally:
             if acquired:
                 try:

@@ -390,7 +390,9 @@ WHERE id = :id
 RETURNING *
 
 -- name: execution_end_external
+-- an ended run needs no operator any more: its flag is cleared (history keeps it)
 UPDATE veracity_executions SET
+    flagged_at = NULL, flag_reason = NULL,
     status = :to_status,
     result = :result,
     error = :error,

@@ -42,6 +42,7 @@ from veracity.models import (
 )
 from veracity.store import _ops
 from veracity.store._common import (
+    RunnerLock,
     check_filter,
     check_journal_kind,
     check_new,
@@ -586,7 +587,7 @@ class SqliteStore(EngineMethods):
     # -- coordination ---------------------------------------------------------------
 
     @asynccontextmanager
-    async def single_runner(self, name: str) -> AsyncIterator[bool]:
+    async def single_runner(self, name: str) -> AsyncIterator[RunnerLock]:
         # An exclusive flock on a file beside the database: held for the whole tick however
         # long it takes, never waited for (LOCK_NB), and freed by the kernel if the holder
         # dies. flock locks belong to the open file, so two stores in one process exclude
@@ -599,7 +600,7 @@ class SqliteStore(EngineMethods):
         except BlockingIOError:
             acquired = False
         try:
-            yield acquired
+            yield RunnerLock(acquired)  # a flock is held until released or the process dies
         finally:
             if acquired:
                 fcntl.flock(fd, fcntl.LOCK_UN)
