@@ -71,6 +71,7 @@ import psycopg
 
 from bench._util import free_port, scratch_pg_database
 from bench.workers import migrate
+from veracity.store._common import RunnerLock
 
 ROOT = Path(__file__).resolve().parent.parent
 FFQN = "bench:n8n/run.ext"
@@ -254,7 +255,7 @@ async def counting_statements() -> AsyncIterator[dict[str, float]]:
         return await orig_drive(conn, counted())
 
     @asynccontextmanager
-    async def single(self: Any, name: str) -> AsyncIterator[bool]:
+    async def single(self: Any, name: str) -> AsyncIterator[RunnerLock]:
         counts["statements"] += 2  # lock_try, lock_release
         started = time.perf_counter()
         manager = orig_single(self, name)
