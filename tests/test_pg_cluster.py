@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from tests._needs import missing
 from tests._pg import (
     TempCluster,
     create_database,
@@ -53,7 +54,7 @@ def test_nothing_answers_on_a_closed_port() -> None:
 def test_temp_cluster_starts_answers_and_is_removed() -> None:
     reason = _cluster_runnable()
     if reason is not None:
-        pytest.skip(f"cannot start a throwaway cluster: {reason}")
+        missing(f"cannot start a throwaway cluster: {reason}")
     cluster = TempCluster()
     try:
         cluster.start()

@@ -487,6 +487,8 @@ async def test_the_owner_ending_a_cancelled_execution_is_refused_and_kept(
     assert events[-1].data["payload"] == {"result": {"late": True}}
 
 
+# PostgreSQL only: SQLite has a single writer, so no lock order can deadlock there
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 async def test_concurrent_cancel_and_completion_of_a_child_both_answer(
     store: Store, raw: RawSQL, open_extra_store: StoreFactory
 ) -> None:
@@ -497,8 +499,7 @@ async def test_concurrent_cancel_and_completion_of_a_child_both_answer(
 
     Deterministic: the completion's connection checks for deadlocks after 50 ms, the
     cancel's after 30 s, so the completion is always the one PostgreSQL aborts."""
-    if store.backend != "postgresql":
-        pytest.skip("SQLite has a single writer: no lock-order deadlock to provoke")
+    assert store.backend == "postgresql"
     patient = await open_extra_store(_pg_options(raw.url, "-c deadlock_timeout=30s"))
     quick = await open_extra_store(_pg_options(raw.url, "-c deadlock_timeout=50ms"))
     root = await submit_unique(store, cancellable=True)

@@ -27,6 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests._needs import missing
 from tests.worker._procs import Processes, WorkerProcess, veracity_bin, wait_until, worker_env
 from tests.workflows import count_marks
 from veracity._ids import new_execution_id
@@ -484,7 +485,7 @@ async def test_leases_follow_the_database_clock(
     env = {"TZ": "Pacific/Kiritimati"}
     if skew != "tz":
         if LIBFAKETIME is None:
-            pytest.skip("libfaketime is not installed (apt-get install faketime)")
+            missing("libfaketime is not installed (apt-get install faketime)")
         # only the wall clock is off, as on a machine whose clock is wrong
         env.update({"LD_PRELOAD": LIBFAKETIME, "FAKETIME": skew,
                     "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
