@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from bench._util import scratch_pg_database
-from bench.workers import migrate, wait_done, worker_procs
+from bench.workers import insert_noops, migrate, wait_done, worker_procs
 from veracity import App, Context
 from veracity._ids import new_execution_id
 from veracity.config import WorkerSettings
@@ -30,29 +30,10 @@ from veracity.store.postgres import store as pg_store
 from veracity.worker.runner import Worker
 
 
-def insert_three_step(url: str, n: int) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            """
-            WITH ins AS (
-                INSERT INTO veracity_executions (id, ffqn, params, status, deployment_id,
-                    scheduled_at, created_at, updated_at, history_seq)
-                SELECT gen_random_uuid(), 'bench:steps/run.fn', '[]', 'pending', 'bench',
-                       now(), now(), now(), 1
-                FROM generate_series(1, %s)
-                RETURNING id, created_at
-            )
-            INSERT INTO veracity_history (execution_id, seq, kind, at, data)
-            SELECT id, 1, 'pending', created_at, '{}' FROM ins
-            """,
-            [n],
-        )
-
-
 def throughput(n: int, concurrency: int) -> float:
     with scratch_pg_database() as url:
         asyncio.run(migrate(url))
-        insert_three_step(url, n)
+        insert_noops(url, n, "bench:steps/run.fn")
         with worker_procs(url, 1, VERACITY_WORKER_CONCURRENCY=str(concurrency)):
             wait_done(url, n, timeout=300)
         with psycopg.connect(url) as conn:

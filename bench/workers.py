@@ -63,15 +63,16 @@ async def migrate(url: str) -> None:
     await store.close()
 
 
-def insert_noops(url: str, n: int) -> None:
-    """Bulk-insert pending executions (and their creation events) in one statement."""
+def insert_noops(url: str, n: int, ffqn: str = "bench:noop/run.fn") -> None:
+    """Bulk-insert n pending executions of ``ffqn`` (and their creation events) in one
+    statement."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             """
             WITH ins AS (
                 INSERT INTO veracity_executions (id, ffqn, params, status, deployment_id,
                     scheduled_at, created_at, updated_at, history_seq)
-                SELECT gen_random_uuid(), 'bench:noop/run.fn', '[]', 'pending', 'bench',
+                SELECT gen_random_uuid(), %s, '[]', 'pending', 'bench',
                        now(), now(), now(), 1
                 FROM generate_series(1, %s)
                 RETURNING id, created_at
@@ -79,7 +80,7 @@ def insert_noops(url: str, n: int) -> None:
             INSERT INTO veracity_history (execution_id, seq, kind, at, data)
             SELECT id, 1, 'pending', created_at, '{}' FROM ins
             """,
-            [n],
+            [ffqn, n],
         )
 
 

@@ -152,3 +152,17 @@ def database_url(backend: str, request: pytest.FixtureRequest) -> str:
     resolved lazily so a SQLite-only run never needs PostgreSQL)."""
     url: str = request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")
     return url
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Any]:
+    """Worker processes of this test (tests.worker._procs.Processes): all ended at
+    teardown, their logs printed (pytest shows them when the test failed)."""
+    from tests.worker._procs import Processes
+
+    p = Processes(tmp_path)
+    try:
+        yield p
+    finally:
+        p.cleanup()
+        print(p.describe())

@@ -25,9 +25,8 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,18 +63,6 @@ SHUTDOWN_REASON = "worker shutting down"  # veracity.worker.runner.SHUTDOWN_REAS
 
 
 # -- fixtures and helpers ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    """The worker processes of this test: all ended at teardown, their logs printed (pytest
-    shows them when the test failed)."""
-    p = Processes(tmp_path)
-    try:
-        yield p
-    finally:
-        p.cleanup()
-        print(p.describe())
 
 
 @pytest.fixture

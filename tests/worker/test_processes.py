@@ -18,7 +18,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,18 +44,6 @@ TERMINAL = {Status.COMPLETED, Status.FAILED, Status.FAILED_TRANSIENT, Status.CAN
 
 
 # -- fixtures and helpers ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    """Worker processes of this test; all ended at teardown, their logs printed (pytest
-    shows them when the test failed)."""
-    p = Processes(tmp_path)
-    try:
-        yield p
-    finally:
-        p.cleanup()
-        print(p.describe())
 
 
 @pytest.fixture
@@ -206,7 +194,9 @@ async def test_competing_workers_complete_each_execution_exactly_once(
         " WHERE kind = 'running' GROUP BY 1",
     )
     ran = {str(o): int(n) for o, n in owners}
-    assert set(ran) == set(worker_ids), (ran, worker_ids)  # all three took a share
+    # only our workers ran them, and they competed (on SQLite one of three, polling, can
+    # find the queue already drained: sharing among all three is not guaranteed)
+    assert set(ran) <= set(worker_ids) and len(ran) >= 2, (ran, worker_ids)
     assert sum(ran.values()) == total
     for w in workers:
         w.terminate()
