@@ -3,7 +3,8 @@
 Executions whose lease expired go back to ``pending`` with ``attempt + 1`` (their next run
 resumes from the checkpoints) or, once ``attempt >= max_attempts``, end ``failed_transient``;
 the owner is cleared and the reason recorded in history. One runner per tick across all
-servers (PostgreSQL advisory lock; a lock row on SQLite); a busy lock skips the tick.
+servers (PostgreSQL advisory lock; an exclusive file lock on SQLite); a busy lock skips the
+tick.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ class Store(Protocol):
         RunnerLock, truthy if it was taken (never waits), whose ``held()`` tells whether it
         still is. PostgreSQL: a session advisory lock on a dedicated
         connection, released in ``finally``, the connection discarded if unlocking fails.
-        SQLite: a lock row with an expiry."""
+        SQLite: an exclusive flock on a file beside the database."""
 
     def pending_notifications(self) -> AsyncIterator[None]:
         """Yield once per wake-up notification (an execution became pending). Only when
