@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from veracity import App, Context, RetryPolicy
+from veracity._ids import new_execution_id
 from veracity.clock import ManualClock
 from veracity.config import WorkerSettings
 from veracity.core.states import Status
@@ -170,7 +171,7 @@ async def store(database_url: str) -> AsyncIterator[Store]:
 
 async def submit(store: Store, ffqn: str, *params: JSON) -> Execution:
     new = NewExecution(ffqn=ffqn, params=list(params), deployment_id=DEPLOYMENT,
-                       id=uuid.uuid4())
+                       id=new_execution_id())  # ordered, like the service's ids
     return (await store.execution_submit(new)).execution
 
 
