@@ -223,7 +223,7 @@ async def test_lock_connection_killed_mid_tick_leaves_no_stuck_lock(
                                        what="the tick holding its advisory lock")
             assert len(holders) == 1
             async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
-                await conn.execute("SELECT pg_terminate_backend(%s)", (holders[0],))
+                await conn.execute("SELECT pg_terminate_backend(%s, 10000)", (holders[0],))
             result = await asyncio.wait_for(tick, 20)
         assert result.ran
         assert any("could not release" in r.getMessage() for r in caplog.records), (
@@ -256,7 +256,7 @@ async def test_a_tick_that_lost_its_lock_stops_acting(
         holders = await eventually(lambda: advisory_holders(pg_url), timeout=5,
                                    what="the tick holding its advisory lock")
         async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
-            await conn.execute("SELECT pg_terminate_backend(%s)", (holders[0],))
+            await conn.execute("SELECT pg_terminate_backend(%s, 10000)", (holders[0],))
         killed_at = time.monotonic()
         second = await svcs[1].run_once()  # the lock is free: another runner takes it
         await asyncio.wait_for(tick, 20)

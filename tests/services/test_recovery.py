@@ -469,10 +469,12 @@ async def test_postgres_recovery_tick_survives_a_killed_lock_connection(
 
 async def _terminate_lock_holders(database_url: str) -> int:
     """Kill the backends of this database that took an advisory lock (the lock holder's
-    connection shows its last statement, ``SELECT pg_try_advisory_lock(...)``)."""
+    connection shows its last statement, ``SELECT pg_try_advisory_lock(...)``). The timeout
+    form waits until the backend has exited: the plain form only signals it, and the lock
+    would still be held for a moment after it returns."""
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         cur = await conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
             "AND query ILIKE '%pg_try_advisory_lock%'"
         )
