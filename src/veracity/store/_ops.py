@@ -593,43 +593,50 @@ def external_running(limit: int, after: uuid.UUID | None) -> Op:
 
 
 def reconcile_apply(actions: Sequence[ReconcileAction], now: datetime | None) -> Op:
-    """The reconciler's writes of one tick, in one transaction. Each applies only if the
-    execution is still running with the external id the tick inspected."""
-    applied: list[ReconcileAction] = []
+    """The reconciler's writes of one page, in one transaction and a fixed number of
+    statements whatever the page's size: lock the rows, end the terminated ones in one
+    statement, flag the flagged ones in another, append every history event in a third.
+    Each action applies only if its execution is still running, delegated, with the
+    external id the tick inspected."""
     for action in actions:
-        row = yield from _lock(action.execution_id)
-        if row is None:
-            continue
-        current = execution_from(row)
-        if (current.status != Status.RUNNING or current.engine is None
-                or current.external_execution_id != action.external_execution_id):
+        if action.kind not in ("terminate", "flag"):
+            raise ValueError(f"unknown reconciler action {action.kind!r}")
+    rows = yield Query("execution_lock_many", {
+        "ids": sorted({a.execution_id for a in actions})})
+    current = {row["id"]: execution_from(row) for row in rows}
+    applied: list[ReconcileAction] = []
+    ends: list[JSON] = []
+    flags: list[JSON] = []
+    events: list[JSON] = []
+    for action in actions:
+        e = current.pop(action.execution_id, None)  # one action per execution at most
+        if (e is None or e.status != Status.RUNNING or e.engine is None
+                or e.external_execution_id != action.external_execution_id):
             continue
         if action.kind == "terminate":
-            yield Query("execution_end_external", {
-                "id": action.execution_id, "to_status": str(Status.FAILED_TRANSIENT),
-                "result": None, "now": now,
-                "error": JsonParam({"code": "reconciler", "message": action.reason,
-                                    **action.data}),
-                "from_states": _names(sources_of(Status.FAILED_TRANSIENT,
-                                                 among=[Status.RUNNING])),
-            })
-            yield from _events(action.execution_id, current.history_seq, [(
-                "failed_transient", {"by": "reconciler", "reason": action.reason,
-                                     **action.data})], now)
-            applied.append(action)
-        elif action.kind == "flag":
+            ends.append({"id": str(e.id), "error": {
+                "code": "reconciler", "message": action.reason, **action.data}})
+            kind = str(Status.FAILED_TRANSIENT)
+        else:
             # flagged already: keep the first, more specific reason (e.g. the trigger's)
-            if current.flagged_at is not None and (
-                current.flag_reason == action.reason or current.external_execution_id is None
+            if e.flagged_at is not None and (
+                e.flag_reason == action.reason or e.external_execution_id is None
             ):
                 continue
-            yield Query("execution_flag", {"id": action.execution_id, "reason": action.reason,
-                                           "now": now})
-            yield from _events(action.execution_id, current.history_seq, [("flagged", {
-                "by": "reconciler", "reason": action.reason, **action.data})], now)
-            applied.append(action)
-        else:
-            raise ValueError(f"unknown reconciler action {action.kind!r}")
+            flags.append({"id": str(e.id), "reason": action.reason})
+            kind = "flagged"
+        events.append({"execution_id": str(e.id), "seq": e.history_seq + 1, "kind": kind,
+                       "data": {"by": "reconciler", "reason": action.reason, **action.data}})
+        applied.append(action)
+    if ends:
+        yield Query("execution_end_external_many", {
+            "rows": JsonParam(ends), "to_status": str(Status.FAILED_TRANSIENT), "now": now,
+            "from_states": _names(sources_of(Status.FAILED_TRANSIENT, among=[Status.RUNNING])),
+        })
+    if flags:
+        yield Query("execution_flag_many", {"rows": JsonParam(flags), "now": now})
+    if events:
+        yield Query("history_append_many", {"rows": JsonParam(events), "now": now})
     return applied
 
 

@@ -532,7 +532,6 @@ UPDATE veracity_executions SET
     triggered_at = coalesce(%(now)s::timestamptz, now()),
     lease_owner = NULL,
     lease_expires_at = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = 'running'
 RETURNING *
@@ -541,7 +540,6 @@ RETURNING *
 UPDATE veracity_executions SET
     external_execution_id = %(external_id)s,
     flagged_at = NULL, flag_reason = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = history_seq + 1
 WHERE id = %(id)s
 RETURNING *
@@ -565,13 +563,6 @@ WHERE status = 'running' AND engine IS NOT NULL
 ORDER BY id
 LIMIT %(limit)s
 
--- name: execution_flag
-UPDATE veracity_executions SET
-    flagged_at = coalesce(%(now)s::timestamptz, now()),
-    flag_reason = %(reason)s,
-    history_seq = history_seq + 1
-WHERE id = %(id)s
-
 -- name: execution_park_waiting
 -- a pause requested while running, acted on at a durable wait: the wait is kept
 UPDATE veracity_executions SET
@@ -590,3 +581,37 @@ UPDATE veracity_executions SET
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
 RETURNING *
+
+-- name: execution_lock_many
+-- in id order, so that two writers locking overlapping sets cannot deadlock
+SELECT * FROM veracity_executions WHERE id = ANY (%(ids)s::uuid[]) ORDER BY id FOR UPDATE
+
+-- name: execution_end_external_many
+-- the reconciler's terminations of one page, rows [{id, error}], all to one status; the
+-- caller holds the row locks (execution_lock_many) and checked each row's state
+UPDATE veracity_executions AS e SET
+    flagged_at = NULL, flag_reason = NULL,
+    status = %(to_status)s,
+    result = NULL,
+    error = r.error,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = e.history_seq + 1
+FROM json_to_recordset(%(rows)s::json) AS r (id uuid, error json)
+WHERE e.id = r.id AND e.status = ANY (%(from_states)s::text[])
+RETURNING e.id
+
+-- name: execution_flag_many
+-- the reconciler's flags of one page, rows [{id, reason}]
+UPDATE veracity_executions AS e SET
+    flagged_at = coalesce(%(now)s::timestamptz, now()),
+    flag_reason = r.reason,
+    history_seq = e.history_seq + 1
+FROM json_to_recordset(%(rows)s::json) AS r (id uuid, reason text)
+WHERE e.id = r.id
+RETURNING e.id
+
+-- name: history_append_many
+-- rows [{execution_id, seq, kind, data}]: many executions' events in one statement
+INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+SELECT r.execution_id, r.seq, r.kind, coalesce(%(now)s::timestamptz, now()), r.data
+FROM json_to_recordset(%(rows)s::json) AS r (execution_id uuid, seq integer, kind text, data json)

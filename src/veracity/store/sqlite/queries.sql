@@ -375,7 +375,6 @@ UPDATE veracity_executions SET
     triggered_at = :now,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    updated_at = :now,
     history_seq = history_seq + 1
 WHERE id = :id AND status = 'running'
 RETURNING *
@@ -384,7 +383,6 @@ RETURNING *
 UPDATE veracity_executions SET
     external_execution_id = :external_id,
     flagged_at = NULL, flag_reason = NULL,
-    updated_at = :now,
     history_seq = history_seq + 1
 WHERE id = :id
 RETURNING *
@@ -407,13 +405,6 @@ WHERE status = 'running' AND engine IS NOT NULL AND (:after IS NULL OR id > :aft
 ORDER BY id
 LIMIT :limit
 
--- name: execution_flag
-UPDATE veracity_executions SET
-    flagged_at = :now,
-    flag_reason = :reason,
-    history_seq = history_seq + 1
-WHERE id = :id
-
 -- name: execution_park_waiting
 UPDATE veracity_executions SET
     status = 'paused', paused_from = 'blocked', pause_requested_at = NULL,
@@ -431,3 +422,40 @@ UPDATE veracity_executions SET
     history_seq = history_seq + 1
 WHERE id = :id AND status IN (SELECT value FROM json_each(:from_states))
 RETURNING *
+
+-- name: execution_lock_many
+-- (the transaction's write lock is the lock; the rows are read in id order)
+SELECT * FROM veracity_executions WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id
+
+-- name: execution_end_external_many
+-- the reconciler's terminations of one page, rows [{id, error}], all to one status
+UPDATE veracity_executions SET
+    flagged_at = NULL, flag_reason = NULL,
+    status = :to_status,
+    result = NULL,
+    error = r.r_error,
+    updated_at = :now,
+    history_seq = history_seq + 1
+FROM (SELECT json_extract(value, '$.id') AS r_id, json_extract(value, '$.error') AS r_error
+      FROM json_each(:rows)) AS r
+WHERE veracity_executions.id = r.r_id
+  AND veracity_executions.status IN (SELECT value FROM json_each(:from_states))
+RETURNING id
+
+-- name: execution_flag_many
+-- the reconciler's flags of one page, rows [{id, reason}]
+UPDATE veracity_executions SET
+    flagged_at = :now,
+    flag_reason = r.r_reason,
+    history_seq = history_seq + 1
+FROM (SELECT json_extract(value, '$.id') AS r_id, json_extract(value, '$.reason') AS r_reason
+      FROM json_each(:rows)) AS r
+WHERE veracity_executions.id = r.r_id
+RETURNING id
+
+-- name: history_append_many
+-- rows [{execution_id, seq, kind, data}]: many executions' events in one statement
+INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+SELECT json_extract(value, '$.execution_id'), json_extract(value, '$.seq'),
+       json_extract(value, '$.kind'), :now, json_extract(value, '$.data')
+FROM json_each(:rows)

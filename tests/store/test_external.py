@@ -1,0 +1,1119 @@
+"""Store conformance: executions delegated to an external engine (seed 000) -- the worker's
+delegation before it sends the trigger, the engine's id, the engine's callbacks, the
+reconciler's reads and writes of one tick, an operator's resolution -- and the worker's
+batched journal (``execution_checkpoint_many_if_owned``). Runs unchanged against every
+backend.
+
+A refused write changes nothing: neither the row nor its history, unless the rule keeps
+the refused report as a ``late_report`` (and then only that event and ``history_seq``
+move). Every state change appends its event (invariant 7).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import uuid
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from tests.store._support import (
+    DB_ERRORS,
+    ENGINE_TTL,
+    RawSQL,
+    assert_history_consistent,
+    claim_exactly,
+    get,
+    kinds,
+    new_execution,
+    submit_unique,
+    unique_ffqn,
+)
+from veracity.clock import ManualClock
+from veracity.core.states import Status
+from veracity.models import (
+    CallbackResult,
+    Claim,
+    ControlResult,
+    Execution,
+    ExecutionFilter,
+    HistoryEvent,
+    ReconcileAction,
+    TransitionResult,
+)
+from veracity.store import Store
+from veracity.store._ops import token_hash
+
+TTL = ENGINE_TTL
+ENGINE = "n8n"
+TOKEN = "callback-token-of-the-run"
+OWNER = "worker-a"
+STALE = "lease is held by another owner or epoch"
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+async def running(store: Store, owner: str = OWNER, execution_id: uuid.UUID | None = None
+                  ) -> Claim:
+    """A running execution held by ``owner`` (a plain worker's run: no engine)."""
+    if execution_id is None:
+        ex = await submit_unique(store)
+    else:
+        new = dataclasses.replace(new_execution(unique_ffqn()), id=execution_id)
+        ex = (await store.execution_submit(new)).execution
+    return await claim_exactly(store, ex.id, owner)
+
+
+async def delegate(store: Store, claim: Claim, *, token: str = TOKEN) -> Execution:
+    tr = await store.execution_delegate_if_owned(claim, ENGINE, token_hash(token))
+    assert tr.applied and tr.execution is not None
+    return tr.execution
+
+
+async def delegated(store: Store, *, token: str = TOKEN,
+                    execution_id: uuid.UUID | None = None) -> uuid.UUID:
+    """Running, delegated to the engine, no external id yet (the trigger is on its way)."""
+    claim = await running(store, execution_id=execution_id)
+    await delegate(store, claim, token=token)
+    return claim.execution_id
+
+
+async def attached(store: Store, external_id: str = "run-1", *, token: str = TOKEN,
+                   execution_id: uuid.UUID | None = None) -> uuid.UUID:
+    """Running, delegated, with the engine's id: the engine runs it."""
+    eid = await delegated(store, token=token, execution_id=execution_id)
+    res = await store.execution_record_external_id(eid, external_id)
+    assert res.changed and res.refused is None
+    return eid
+
+
+async def completed(store: Store) -> uuid.UUID:
+    """Finished by a plain worker."""
+    claim = await running(store)
+    assert (await store.execution_complete_if_owned(claim, {"ok": True})).applied
+    return claim.execution_id
+
+
+async def snapshot(store: Store, execution_id: uuid.UUID) -> tuple[Execution, list[HistoryEvent]]:
+    return await get(store, execution_id), await store.history_list(execution_id)
+
+
+async def assert_unchanged(
+    store: Store, execution_id: uuid.UUID, before: tuple[Execution, list[HistoryEvent]]
+) -> None:
+    assert await snapshot(store, execution_id) == before
+    await assert_history_consistent(store, execution_id)
+
+
+async def assert_kept_as_late_report(
+    store: Store, before: tuple[Execution, list[HistoryEvent]]
+) -> HistoryEvent:
+    """Nothing changed but one late_report appended; returns it."""
+    row, history = before
+    after, events = await snapshot(store, row.id)
+    assert after == dataclasses.replace(row, history_seq=row.history_seq + 1)
+    assert events[:-1] == history
+    late = events[-1]
+    assert (late.kind, late.seq) == ("late_report", row.history_seq + 1)
+    await assert_history_consistent(store, row.id)
+    return late
+
+
+# -- execution_delegate_if_owned -------------------------------------------------------------
+
+
+async def test_delegate_hands_the_running_execution_to_the_engine(
+    store: Store, clock: ManualClock
+) -> None:
+    claim = await running(store)
+    before = await get(store, claim.execution_id)
+    at = clock.advance(2)  # the trigger is recorded when it is sent, not at the claim
+
+    tr = await store.execution_delegate_if_owned(claim, ENGINE, token_hash(TOKEN))
+
+    after = await get(store, claim.execution_id)
+    assert tr == TransitionResult(True, after)
+    # (updated_at: see test_delegation_and_the_engines_id_leave_updated_at_alone)
+    assert after == dataclasses.replace(
+        before, engine=ENGINE, callback_token_hash=token_hash(TOKEN), triggered_at=at,
+        lease_owner=None, lease_expires_at=None, updated_at=after.updated_at,
+        history_seq=before.history_seq + 1,
+    )
+    assert after.status == Status.RUNNING
+    assert after.external_execution_id is None
+    assert after.lease_epoch == claim.epoch
+    events = await store.history_list(claim.execution_id)
+    assert [(e.seq, e.kind) for e in events] == [
+        (1, "pending"), (2, "running"), (3, "trigger_sending")]
+    assert events[-1].at == at
+    data = dict(events[-1].data)
+    triggered_at = data.pop("triggered_at")
+    assert data == {"engine": ENGINE, "owner": OWNER, "epoch": claim.epoch}
+    assert datetime.fromisoformat(triggered_at) == at
+
+
+async def test_a_delegated_execution_holds_no_lease(store: Store, clock: ManualClock) -> None:
+    """From the delegation on, the worker's claim is no longer a lease: its writes are
+    refused (late reports), its heartbeat renews nothing, and lease recovery never takes
+    the execution back (the engine runs it)."""
+    claim = await running(store)
+    await delegate(store, claim)
+    before = await snapshot(store, claim.execution_id)
+
+    tr = await store.execution_complete_if_owned(claim, "from the worker")
+    assert (tr.applied, tr.reason) == (False, STALE)
+    late = await assert_kept_as_late_report(store, before)
+    assert late.data["report"] == "complete"
+
+    assert await store.lease_renew(OWNER, [claim], TTL) == []
+    clock.advance(TTL * 10)
+    assert await store.execution_recover_expired(max_attempts=1) == []
+    ex = await get(store, claim.execution_id)
+    assert (ex.status, ex.engine, ex.lease_owner) == (Status.RUNNING, ENGINE, None)
+
+
+async def test_delegation_and_the_engines_id_leave_updated_at_alone(
+    store: Store, clock: ManualClock
+) -> None:
+    claim = await running(store)
+    claimed_at = (await get(store, claim.execution_id)).updated_at
+    clock.advance(1)
+    await delegate(store, claim)
+    clock.advance(1)
+    assert (await store.execution_record_external_id(claim.execution_id, "run-1")).changed
+    assert (await get(store, claim.execution_id)).updated_at == claimed_at
+    await assert_history_consistent(store, claim.execution_id)
+
+
+DELEGATE_REFUSALS = ["expired", "wrong_epoch", "wrong_owner", "released", "ended", "twice"]
+
+
+@pytest.mark.parametrize("how", DELEGATE_REFUSALS)
+async def test_delegate_refused_for_a_claim_that_lost_its_lease(
+    store: Store, clock: ManualClock, how: str
+) -> None:
+    claim = await running(store)
+    stale = claim
+    if how == "expired":
+        clock.advance(TTL)  # lease_expires_at == now: expired
+        reason = "lease expired"
+    elif how == "wrong_epoch":
+        assert (await store.execution_release_if_owned(claim, "again")).applied
+        current = await claim_exactly(store, claim.execution_id, OWNER)
+        assert current.epoch == claim.epoch + 1
+        reason = STALE
+    elif how == "wrong_owner":
+        stale = dataclasses.replace(claim, owner="worker-z")
+        reason = STALE
+    elif how == "released":
+        assert (await store.execution_release_if_owned(claim, "gave it back")).applied
+        reason = "execution is pending"
+    elif how == "ended":
+        assert (await store.execution_complete_if_owned(claim, 1)).applied
+        reason = "execution is completed"
+    else:
+        assert how == "twice"
+        await delegate(store, claim)
+        reason = STALE
+    before = await snapshot(store, claim.execution_id)
+    clock.advance(1)
+
+    tr = await store.execution_delegate_if_owned(stale, "other-engine", token_hash("other"))
+
+    assert (tr.applied, tr.reason) == (False, reason)
+    assert tr.execution == await get(store, claim.execution_id)
+    late = await assert_kept_as_late_report(store, before)
+    assert late.data == {"report": "trigger", "owner": stale.owner, "epoch": stale.epoch,
+                         "payload": {"engine": "other-engine"}, "reason": reason}
+    assert late.at == clock.now()
+    ex = await get(store, claim.execution_id)
+    assert ex.engine == (ENGINE if how == "twice" else None)
+    assert ex.callback_token_hash == (token_hash(TOKEN) if how == "twice" else None)
+
+
+async def test_delegate_of_an_unknown_execution(store: Store) -> None:
+    unknown = Claim(uuid.uuid4(), OWNER, 1)
+    tr = await store.execution_delegate_if_owned(unknown, ENGINE, token_hash(TOKEN))
+    assert tr == TransitionResult(False, None, "execution does not exist")
+    assert await store.history_list(unknown.execution_id) == []
+
+
+# -- execution_record_external_id ------------------------------------------------------------
+
+
+async def test_record_external_id_attaches_the_engines_id_once(store: Store) -> None:
+    eid = await delegated(store)
+    before = await get(store, eid)
+
+    res = await store.execution_record_external_id(eid, "run-1")
+
+    after = await get(store, eid)
+    assert res == ControlResult(after, changed=True)
+    assert after == dataclasses.replace(before, external_execution_id="run-1",
+                                        history_seq=before.history_seq + 1)
+    assert after.status == Status.RUNNING
+    events = await assert_history_consistent(store, eid)
+    assert kinds(events) == ["pending", "running", "trigger_sending", "external_started"]
+    assert events[-1].data == {"external_execution_id": "run-1", "by": "worker"}
+
+    # a second attach is refused and kept as a late report; the first id stays
+    snap = await snapshot(store, eid)
+    res = await store.execution_record_external_id(eid, "run-2")
+    assert res == ControlResult(
+        after, refused="execution is running and already has an external id")
+    late = await assert_kept_as_late_report(store, snap)
+    assert late.data == {"report": "external_id",
+                         "payload": {"external_execution_id": "run-2"}, "by": "worker",
+                         "reason": "execution is running with external id run-1"}
+    assert (await get(store, eid)).external_execution_id == "run-1"
+
+
+async def test_record_external_id_with_actor_and_reason_clears_the_flag(
+    store: Store, clock: ManualClock
+) -> None:
+    eid = await delegated(store)
+    flag = ReconcileAction(eid, None, "flag", "no external id after the grace period")
+    assert await store.execution_reconcile_apply([flag]) == [flag]
+    assert (await get(store, eid)).flagged_at == clock.now()
+
+    res = await store.execution_record_external_id(eid, "run-7", actor="ops@example",
+                                                   reason="found it in the engine's UI")
+    assert res.changed and res.execution is not None
+    ex = await get(store, eid)
+    assert res.execution == ex
+    assert (ex.external_execution_id, ex.flagged_at, ex.flag_reason) == ("run-7", None, None)
+    events = await assert_history_consistent(store, eid)
+    assert kinds(events)[-2:] == ["flagged", "external_started"]
+    assert events[-1].data == {"external_execution_id": "run-7", "by": "ops@example",
+                               "reason": "found it in the engine's UI"}
+
+
+RECORD_REFUSALS = [
+    # (how the execution got there, refused, late report's reason)
+    ("plain_running", "execution is running", "execution is running"),
+    ("pending", "execution is pending", "execution is pending"),
+    ("completed", "execution is completed", "execution is completed"),
+    ("ended_without_id", "execution is failed_transient", "execution is failed_transient"),
+    ("ended_with_id", "execution is cancelled and already has an external id",
+     "execution is cancelled with external id run-1"),
+]
+
+
+@pytest.mark.parametrize(("how", "refused", "reason"), RECORD_REFUSALS,
+                         ids=[r[0] for r in RECORD_REFUSALS])
+async def test_record_external_id_refused_unless_delegated_without_id(
+    store: Store, how: str, refused: str, reason: str
+) -> None:
+    if how == "plain_running":
+        eid = (await running(store)).execution_id
+    elif how == "pending":
+        eid = (await submit_unique(store)).id
+    elif how == "completed":
+        eid = await completed(store)
+    elif how == "ended_without_id":
+        eid = await delegated(store)
+        assert (await store.execution_end_external(
+            eid, to=Status.FAILED_TRANSIENT, expected_external_id=None)).changed
+    else:
+        eid = await attached(store, "run-1")
+        assert (await store.execution_resolve(
+            eid, action="cancel", external_id=None, reason="r", actor="ops")).changed
+    before = await snapshot(store, eid)
+
+    res = await store.execution_record_external_id(eid, "run-late", actor="worker")
+
+    assert res == ControlResult(before[0], refused=refused)
+    late = await assert_kept_as_late_report(store, before)
+    assert late.data == {"report": "external_id",
+                         "payload": {"external_execution_id": "run-late"}, "by": "worker",
+                         "reason": reason}
+
+
+async def test_record_external_id_of_an_unknown_execution(store: Store) -> None:
+    unknown = uuid.uuid4()
+    assert await store.execution_record_external_id(unknown, "run-1") == ControlResult(None)
+    assert await store.history_list(unknown) == []
+
+
+# -- execution_end_external -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "to", [Status.FAILED_TRANSIENT, Status.CANCELLED, Status.COMPLETED, Status.FAILED])
+async def test_end_external_ends_a_delegated_run(
+    store: Store, clock: ManualClock, to: Status
+) -> None:
+    eid = await attached(store, "run-1")
+    at = clock.advance(5)
+    event: dict[str, Any] = {"by": "worker", "reason": f"ended as {to}"}
+
+    res = await store.execution_end_external(
+        eid, to=to, expected_external_id="run-1", result={"r": 1}, error={"code": "x"},
+        event=event)
+
+    ex = await get(store, eid)
+    assert res == ControlResult(ex, changed=True)
+    assert (ex.status, ex.updated_at, ex.external_execution_id) == (to, at, "run-1")
+    # a result is kept only by a completion; the error as given
+    assert ex.result == ({"r": 1} if to == Status.COMPLETED else None)
+    assert ex.error == {"code": "x"}
+    events = await assert_history_consistent(store, eid)
+    assert (events[-1].kind, events[-1].data, events[-1].at) == (str(to), event, at)
+    assert await store.execution_external_running() == []
+
+
+async def test_end_external_without_an_id_and_without_an_event(store: Store) -> None:
+    """The trigger's refusal: delegated, no external id yet (expected None); a flag it
+    carried is cleared with it."""
+    eid = await delegated(store)
+    flag = ReconcileAction(eid, None, "flag", "unsure")
+    assert await store.execution_reconcile_apply([flag]) == [flag]
+
+    res = await store.execution_end_external(
+        eid, to=Status.FAILED, expected_external_id=None, error={"code": "engine_refused"})
+
+    ex = await get(store, eid)
+    assert res == ControlResult(ex, changed=True)
+    assert (ex.status, ex.error, ex.result) == (Status.FAILED, {"code": "engine_refused"}, None)
+    assert (ex.flagged_at, ex.flag_reason) == (None, None)
+    events = await assert_history_consistent(store, eid)
+    assert (events[-1].kind, events[-1].data) == ("failed", {})
+
+
+async def test_end_external_with_any_external_id(store: Store) -> None:
+    eid = await attached(store, "run-1")
+    res = await store.execution_end_external(
+        eid, to=Status.CANCELLED, expected_external_id="not-this-one", any_external_id=True,
+        event={"by": "ops"})
+    assert res.changed and res.refused is None
+    assert (await get(store, eid)).status == Status.CANCELLED
+    await assert_history_consistent(store, eid)
+
+
+END_REFUSALS = [
+    # (how the execution got there, expected_external_id, refused)
+    ("other_id", "run-2", "execution is running"),
+    ("expects_none_but_has_id", None, "execution is running"),
+    ("expects_id_but_has_none", "run-1", "execution is running"),
+    ("plain_running", None, "execution is running"),
+    ("pending", None, "execution is pending"),
+    ("already_ended", "run-1", "execution is cancelled"),
+    ("completed_by_worker", None, "execution is completed"),
+]
+
+
+@pytest.mark.parametrize(("how", "expected", "refused"), END_REFUSALS,
+                         ids=[r[0] for r in END_REFUSALS])
+async def test_end_external_refused_and_changes_nothing(
+    store: Store, clock: ManualClock, how: str, expected: str | None, refused: str
+) -> None:
+    if how in ("other_id", "expects_none_but_has_id"):
+        eid = await attached(store, "run-1")
+    elif how == "expects_id_but_has_none":
+        eid = await delegated(store)
+    elif how == "plain_running":
+        eid = (await running(store)).execution_id
+    elif how == "pending":
+        eid = (await submit_unique(store)).id
+    elif how == "already_ended":
+        eid = await attached(store, "run-1")
+        assert (await store.execution_end_external(
+            eid, to=Status.CANCELLED, expected_external_id="run-1")).changed
+    else:
+        eid = await completed(store)
+    before = await snapshot(store, eid)
+    clock.advance(1)
+
+    res = await store.execution_end_external(
+        eid, to=Status.FAILED_TRANSIENT, expected_external_id=expected,
+        error={"code": "late"}, event={"by": "reconciler"})
+
+    assert res == ControlResult(before[0], refused=refused)
+    await assert_unchanged(store, eid, before)
+
+
+async def test_end_external_of_an_unknown_execution(store: Store) -> None:
+    res = await store.execution_end_external(
+        uuid.uuid4(), to=Status.FAILED_TRANSIENT, expected_external_id=None,
+        any_external_id=True)
+    assert res == ControlResult(None)
+
+
+# -- execution_callback -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_id", [True, False], ids=["attached", "without_id"])
+async def test_callback_complete_with_the_right_token(
+    store: Store, clock: ManualClock, with_id: bool
+) -> None:
+    eid = await (attached(store, "run-1") if with_id else delegated(store))
+    at = clock.advance(3)
+    payload = {"order": 42, "items": ["ü", None]}
+
+    res = await store.execution_callback(eid, TOKEN, "complete", payload)
+
+    ex = await get(store, eid)
+    assert res == CallbackResult("applied", ex)
+    assert (ex.status, ex.result, ex.error, ex.updated_at) == (
+        Status.COMPLETED, payload, None, at)
+    events = await assert_history_consistent(store, eid)
+    assert events[-1].kind == "completed"
+    assert events[-1].data == {"by": "callback", "engine": ENGINE,
+                               "external_execution_id": "run-1" if with_id else None}
+
+    # the same report again: repeat, nothing changes
+    before = await snapshot(store, eid)
+    clock.advance(1)
+    assert await store.execution_callback(eid, TOKEN, "complete", payload) == CallbackResult(
+        "repeat", ex)
+    await assert_unchanged(store, eid, before)
+
+
+@pytest.mark.parametrize(("transient", "to"), [(True, Status.FAILED_TRANSIENT),
+                                               (False, Status.FAILED)])
+async def test_callback_fail(
+    store: Store, clock: ManualClock, transient: bool, to: Status
+) -> None:
+    eid = await attached(store, "run-1")
+    at = clock.advance(3)
+    error = {"message": "node 3 threw", "node": 3}
+
+    res = await store.execution_callback(eid, TOKEN, "fail", error, transient=transient)
+
+    ex = await get(store, eid)
+    assert res == CallbackResult("applied", ex)
+    assert (ex.status, ex.result, ex.error, ex.updated_at) == (to, None, error, at)
+    events = await assert_history_consistent(store, eid)
+    assert (events[-1].kind, events[-1].data) == (str(to), {
+        "by": "callback", "engine": ENGINE, "external_execution_id": "run-1"})
+
+    # the same failure again: repeat, nothing changes
+    before = await snapshot(store, eid)
+    again = await store.execution_callback(eid, TOKEN, "fail", error, transient=transient)
+    assert again == CallbackResult("repeat", ex)
+    await assert_unchanged(store, eid, before)
+
+
+@pytest.mark.parametrize("token", ["wrong-token", "", TOKEN + " "],
+                         ids=["wrong", "missing", "almost"])
+async def test_callback_with_a_wrong_token_is_unauthorized(store: Store, token: str) -> None:
+    eid = await attached(store, "run-1")
+    before = await snapshot(store, eid)
+    for report in ("complete", "fail"):
+        res = await store.execution_callback(eid, token, report, {"x": 1})
+        assert res == CallbackResult("unauthorized", None)
+    await assert_unchanged(store, eid, before)
+
+
+async def test_callback_tokens_belong_to_one_execution(store: Store) -> None:
+    mine = await attached(store, "run-1", token="token-one")
+    other = await attached(store, "run-2", token="token-two")
+    before = await snapshot(store, other)
+    res = await store.execution_callback(other, "token-one", "complete", 1)
+    assert res == CallbackResult("unauthorized", None)
+    await assert_unchanged(store, other, before)
+    assert (await store.execution_callback(mine, "token-one", "complete", 1)).outcome == "applied"
+
+
+async def test_callback_on_an_execution_never_delegated_is_unauthorized(store: Store) -> None:
+    """No token was ever issued: nothing authenticates, whatever is sent."""
+    eid = (await running(store)).execution_id
+    before = await snapshot(store, eid)
+    for token in ("", TOKEN, token_hash("")):
+        res = await store.execution_callback(eid, token, "complete", 1)
+        assert res == CallbackResult("unauthorized", None)
+    await assert_unchanged(store, eid, before)
+
+
+async def test_callback_wrong_token_on_an_ended_execution_is_unauthorized(store: Store) -> None:
+    eid = await attached(store, "run-1")
+    assert (await store.execution_callback(eid, TOKEN, "complete", 1)).outcome == "applied"
+    before = await snapshot(store, eid)
+    assert await store.execution_callback(eid, "wrong", "fail", 2) == CallbackResult(
+        "unauthorized", None)
+    await assert_unchanged(store, eid, before)
+
+
+async def test_callback_for_an_unknown_execution(store: Store) -> None:
+    unknown = uuid.uuid4()
+    assert await store.execution_callback(unknown, TOKEN, "complete", 1) == CallbackResult(
+        "not_found", None)
+    assert await store.history_list(unknown) == []
+
+
+CONFLICTS = [
+    # (how it ended, the late report, its payload, transient, reason)
+    ("completed", "fail", {"message": "too late"}, False, "execution is completed"),
+    ("completed", "complete", {"another": "result"}, False, "execution is completed"),
+    ("failed", "fail", {"message": "another error"}, False, "execution is failed"),
+    ("failed", "fail", {"message": "first"}, True, "execution is failed"),
+    ("failed", "complete", {"message": "first"}, False, "execution is failed"),
+    ("reconciler", "complete", {"done": True}, False, "execution is failed_transient"),
+    ("resolved", "fail", {"message": "x"}, True, "execution is cancelled"),
+]
+
+
+@pytest.mark.parametrize(("ended", "report", "payload", "transient", "reason"), CONFLICTS,
+                         ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CONFLICTS)])
+async def test_callback_on_an_execution_that_ended_otherwise_is_a_conflict(
+    store: Store, clock: ManualClock, ended: str, report: str, payload: Any,
+    transient: bool, reason: str,
+) -> None:
+    eid = await attached(store, "run-1")
+    if ended == "completed":
+        assert (await store.execution_callback(eid, TOKEN, "complete", {"r": 1})).outcome == (
+            "applied")
+    elif ended == "failed":
+        assert (await store.execution_callback(eid, TOKEN, "fail", {"message": "first"})
+                ).outcome == "applied"
+    elif ended == "reconciler":
+        action = ReconcileAction(eid, "run-1", "terminate", "limit breached")
+        assert await store.execution_reconcile_apply([action]) == [action]
+    else:
+        assert (await store.execution_resolve(
+            eid, action="cancel", external_id=None, reason="r", actor="ops")).changed
+    before = await snapshot(store, eid)
+    clock.advance(1)
+
+    res = await store.execution_callback(eid, TOKEN, report, payload, transient=transient)
+
+    assert res == CallbackResult("conflict", before[0])
+    late = await assert_kept_as_late_report(store, before)
+    assert late.data == {"report": report, "payload": payload, "transient": transient,
+                         "reason": reason}
+    assert late.at == clock.now()
+
+
+async def test_callback_with_an_unknown_report_is_rejected(store: Store) -> None:
+    eid = await attached(store, "run-1")
+    before = await snapshot(store, eid)
+    with pytest.raises(ValueError, match="unknown callback"):
+        await store.execution_callback(eid, TOKEN, "progress", {"pct": 50})
+    await assert_unchanged(store, eid, before)
+
+
+# -- execution_external_running ----------------------------------------------------------------
+
+
+async def test_external_running_lists_running_delegated_executions_by_id(
+    store: Store,
+) -> None:
+    assert await store.execution_external_running() == []
+    ids = sorted(uuid.uuid4() for _ in range(7))
+    # created in the reverse order of their ids: the answer follows ids, not creation
+    for i, eid in enumerate(reversed(ids)):
+        if i % 2:
+            await attached(store, f"run-{i}", execution_id=eid)
+        else:
+            await delegated(store, execution_id=eid)
+    flagged = ids[3]
+    flag = ReconcileAction(flagged, (await get(store, flagged)).external_execution_id, "flag",
+                           "slow")
+    assert await store.execution_reconcile_apply([flag]) == [flag]
+    # none of these is a running delegated execution
+    await running(store)
+    await submit_unique(store)
+    await completed(store)
+    ended = await attached(store, "run-ended")
+    assert (await store.execution_callback(ended, TOKEN, "complete", 1)).outcome == "applied"
+    cancelled = await delegated(store)
+    assert (await store.execution_resolve(
+        cancelled, action="cancel", external_id=None, reason="r", actor="ops")).changed
+
+    everything = await store.execution_external_running()
+
+    assert [e.id for e in everything] == ids
+    assert everything == [await get(store, i) for i in ids]
+    assert all(e.status == Status.RUNNING and e.engine == ENGINE for e in everything)
+
+    # keyset pages of 3: every row once, in order
+    pages: list[list[uuid.UUID]] = []
+    after: uuid.UUID | None = None
+    while True:
+        page = await store.execution_external_running(limit=3, after=after)
+        if not page:
+            break
+        pages.append([e.id for e in page])
+        after = page[-1].id
+    assert pages == [ids[0:3], ids[3:6], ids[6:7]]
+    assert await store.execution_external_running(limit=1) == everything[:1]
+    assert await store.execution_external_running(after=ids[-1]) == []
+    # ``after`` need not be one of them
+    between = uuid.UUID(int=ids[4].int + 1)
+    assert between < ids[5]
+    assert [e.id for e in await store.execution_external_running(after=between)] == ids[5:]
+
+
+# -- execution_reconcile_apply -----------------------------------------------------------------
+
+
+async def test_reconcile_terminate(store: Store, clock: ManualClock) -> None:
+    eid = await attached(store, "run-1")
+    flag = ReconcileAction(eid, "run-1", "flag", "engine unreachable")
+    assert await store.execution_reconcile_apply([flag]) == [flag]
+    at = clock.advance(60)
+    action = ReconcileAction(eid, "run-1", "terminate", "limit of 60s breached",
+                             {"limit_s": 60, "engine_status": "running"})
+
+    assert await store.execution_reconcile_apply([action]) == [action]
+
+    ex = await get(store, eid)
+    assert (ex.status, ex.updated_at, ex.result) == (Status.FAILED_TRANSIENT, at, None)
+    assert ex.error == {"code": "reconciler", "message": "limit of 60s breached",
+                        "limit_s": 60, "engine_status": "running"}
+    assert (ex.flagged_at, ex.flag_reason) == (None, None)  # ended: no operator needed
+    events = await assert_history_consistent(store, eid)
+    assert kinds(events)[-2:] == ["flagged", "failed_transient"]
+    assert events[-1].data == {"by": "reconciler", "reason": "limit of 60s breached",
+                               "limit_s": 60, "engine_status": "running"}
+    assert events[-1].at == at
+
+    # the same action again: the execution is no longer running, nothing happens
+    before = await snapshot(store, eid)
+    assert await store.execution_reconcile_apply([action]) == []
+    await assert_unchanged(store, eid, before)
+
+
+async def test_reconcile_terminate_a_run_that_never_got_an_id(store: Store) -> None:
+    eid = await delegated(store)
+    action = ReconcileAction(eid, None, "terminate", "no run found in the engine")
+    assert await store.execution_reconcile_apply([action]) == [action]
+    ex = await get(store, eid)
+    assert ex.status == Status.FAILED_TRANSIENT
+    assert ex.error == {"code": "reconciler", "message": "no run found in the engine"}
+    await assert_history_consistent(store, eid)
+
+
+async def test_reconcile_flag(store: Store, clock: ManualClock) -> None:
+    eid = await attached(store, "run-1")
+    before = await get(store, eid)
+    at = clock.advance(10)
+    action = ReconcileAction(eid, "run-1", "flag", "engine says: unknown run", {"tries": 3})
+
+    assert await store.execution_reconcile_apply([action]) == [action]
+
+    ex = await get(store, eid)
+    assert ex == dataclasses.replace(before, flagged_at=at, flag_reason="engine says: unknown run",
+                                     history_seq=before.history_seq + 1)
+    events = await assert_history_consistent(store, eid)
+    assert (events[-1].kind, events[-1].at) == ("flagged", at)
+    assert events[-1].data == {"by": "reconciler", "reason": "engine says: unknown run",
+                               "tries": 3}
+    assert [e.id for e in await store.execution_list(ExecutionFilter(flagged=True),
+                                                     limit=10)] == [eid]
+
+    # the identical flag again (next tick) is not applied twice
+    snap = await snapshot(store, eid)
+    clock.advance(10)
+    assert await store.execution_reconcile_apply([action]) == []
+    await assert_unchanged(store, eid, snap)
+    assert (await get(store, eid)).flagged_at == at
+
+    # a new reason replaces the old one
+    at2 = clock.advance(10)
+    newer = ReconcileAction(eid, "run-1", "flag", "engine unreachable")
+    assert await store.execution_reconcile_apply([newer]) == [newer]
+    ex = await get(store, eid)
+    assert (ex.status, ex.flagged_at, ex.flag_reason) == (
+        Status.RUNNING, at2, "engine unreachable")
+    events = await assert_history_consistent(store, eid)
+    assert kinds(events)[-2:] == ["flagged", "flagged"]
+
+
+async def test_reconcile_flag_without_id_keeps_the_first_reason(
+    store: Store, clock: ManualClock
+) -> None:
+    """The trigger's own flag (outcome unknown) is more specific than the reconciler's
+    later "no external id": it is kept."""
+    eid = await delegated(store)
+    first = ReconcileAction(eid, None, "flag", "the trigger's outcome is unknown")
+    at = clock.now()
+    assert await store.execution_reconcile_apply([first]) == [first]
+    before = await snapshot(store, eid)
+    clock.advance(60)
+    later = ReconcileAction(eid, None, "flag", "no external id after 60s")
+    assert await store.execution_reconcile_apply([later, first]) == []
+    await assert_unchanged(store, eid, before)
+    ex = await get(store, eid)
+    assert (ex.flagged_at, ex.flag_reason) == (at, "the trigger's outcome is unknown")
+
+
+SKIPS = ["other_id", "id_now_known", "id_expected_none_missing", "ended", "plain_running",
+         "pending", "unknown"]
+
+
+@pytest.mark.parametrize("how", SKIPS)
+@pytest.mark.parametrize("kind", ["terminate", "flag"])
+async def test_reconcile_skips_an_action_that_no_longer_applies(
+    store: Store, clock: ManualClock, how: str, kind: str
+) -> None:
+    if how == "other_id":
+        eid, seen = await attached(store, "run-new"), "run-old"
+    elif how == "id_now_known":  # attached since the tick looked
+        eid, seen = await attached(store, "run-1"), None
+    elif how == "id_expected_none_missing":
+        eid, seen = await delegated(store), "run-1"
+    elif how == "ended":
+        eid, seen = await attached(store, "run-1"), "run-1"
+        assert (await store.execution_callback(eid, TOKEN, "complete", 1)).outcome == "applied"
+    elif how == "plain_running":  # a worker's run: no engine, no external id
+        eid, seen = (await running(store)).execution_id, None
+    elif how == "pending":
+        eid, seen = (await submit_unique(store)).id, None
+    else:
+        eid, seen = uuid.uuid4(), None
+    before = await snapshot(store, eid) if how != "unknown" else None
+    clock.advance(1)
+
+    applied = await store.execution_reconcile_apply(
+        [ReconcileAction(eid, seen, kind, "stale decision")])
+
+    assert applied == []
+    if before is None:
+        assert await store.execution_get(eid) is None
+        assert await store.history_list(eid) == []
+    else:
+        await assert_unchanged(store, eid, before)
+
+
+async def test_reconcile_with_nothing_to_do(store: Store) -> None:
+    assert await store.execution_reconcile_apply([]) == []
+
+
+async def test_reconcile_writes_an_execution_once_per_call(store: Store) -> None:
+    """An action repeated within one call is applied once (one event, one seq)."""
+    a = await attached(store, "run-a")
+    b = await attached(store, "run-b")
+    flag_a = ReconcileAction(a, "run-a", "flag", "slow")
+    end_b = ReconcileAction(b, "run-b", "terminate", "gone")
+    flag_b = ReconcileAction(b, "run-b", "flag", "slow")
+
+    applied = await store.execution_reconcile_apply([flag_a, end_b, flag_a, end_b, flag_b])
+
+    assert applied == [flag_a, end_b]
+    ex_a, ex_b = await get(store, a), await get(store, b)
+    assert (ex_a.status, ex_a.flag_reason) == (Status.RUNNING, "slow")
+    assert (ex_b.status, ex_b.flagged_at) == (Status.FAILED_TRANSIENT, None)
+    assert kinds(await assert_history_consistent(store, a))[-2:] == [
+        "external_started", "flagged"]
+    assert kinds(await assert_history_consistent(store, b))[-2:] == [
+        "external_started", "failed_transient"]
+
+
+async def test_reconcile_applies_many_mixed_actions_in_one_call(
+    store: Store, clock: ManualClock
+) -> None:
+    terminate = [await attached(store, f"run-t{i}") for i in range(15)]
+    flag = [await attached(store, f"run-f{i}") for i in range(15)]
+    other_id = [await attached(store, f"run-o{i}") for i in range(5)]
+    ended = [await attached(store, f"run-e{i}") for i in range(5)]
+    for eid in ended:
+        assert (await store.execution_resolve(
+            eid, action="fail", external_id=None, reason="r", actor="ops")).changed
+    plain = [(await running(store)).execution_id for _ in range(5)]
+    unknown = [uuid.uuid4() for _ in range(5)]
+
+    actions = (
+        [ReconcileAction(e, f"run-t{i}", "terminate", f"breach {i}", {"i": i})
+         for i, e in enumerate(terminate)]
+        + [ReconcileAction(e, f"run-f{i}", "flag", f"stuck {i}", {"i": i})
+           for i, e in enumerate(flag)]
+        + [ReconcileAction(e, f"run-x{i}", "terminate", "stale", {}) for i, e in
+           enumerate(other_id)]
+        + [ReconcileAction(e, f"run-e{i}", "flag", "stale", {}) for i, e in enumerate(ended)]
+        + [ReconcileAction(e, None, "terminate", "stale", {}) for e in plain]
+        + [ReconcileAction(e, None, "flag", "stale", {}) for e in unknown]
+    )
+    assert len(actions) == 50
+    random.Random(7).shuffle(actions)
+    skipped = [*other_id, *ended, *plain]
+    before = {eid: await snapshot(store, eid) for eid in skipped}
+    at = clock.advance(30)
+
+    applied = await store.execution_reconcile_apply(actions)
+
+    applies = {*terminate, *flag}
+    assert applied == [a for a in actions if a.execution_id in applies]
+    assert len(applied) == 30
+    for i, eid in enumerate(terminate):
+        ex = await get(store, eid)
+        assert (ex.status, ex.updated_at) == (Status.FAILED_TRANSIENT, at)
+        assert ex.error == {"code": "reconciler", "message": f"breach {i}", "i": i}
+        events = await assert_history_consistent(store, eid)
+        assert (events[-1].kind, events[-1].data) == (
+            "failed_transient", {"by": "reconciler", "reason": f"breach {i}", "i": i})
+    for i, eid in enumerate(flag):
+        ex = await get(store, eid)
+        assert (ex.status, ex.flagged_at, ex.flag_reason) == (Status.RUNNING, at, f"stuck {i}")
+        events = await assert_history_consistent(store, eid)
+        assert (events[-1].kind, events[-1].data) == (
+            "flagged", {"by": "reconciler", "reason": f"stuck {i}", "i": i})
+    for eid in skipped:
+        await assert_unchanged(store, eid, before[eid])
+    for eid in unknown:
+        assert await store.execution_get(eid) is None
+    assert {e.id for e in await store.execution_external_running()} == {*flag, *other_id}
+
+
+async def test_reconcile_apply_is_one_transaction(store: Store) -> None:
+    """An action the store cannot apply undoes the whole tick."""
+    a = await attached(store, "run-a")
+    b = await attached(store, "run-b")
+    before = {eid: await snapshot(store, eid) for eid in (a, b)}
+    with pytest.raises(ValueError, match="unknown reconciler action"):
+        await store.execution_reconcile_apply([
+            ReconcileAction(a, "run-a", "terminate", "breach"),
+            ReconcileAction(b, "run-b", "restart", "?"),
+        ])
+    for eid in (a, b):
+        await assert_unchanged(store, eid, before[eid])
+
+
+async def test_reconcile_apply_is_undone_when_history_insert_fails(
+    store: Store, raw: RawSQL
+) -> None:
+    a = await attached(store, "run-a")
+    b = await attached(store, "run-b")
+    actions = [ReconcileAction(a, "run-a", "terminate", "breach"),
+               ReconcileAction(b, "run-b", "flag", "slow")]
+    before = {eid: await snapshot(store, eid) for eid in (a, b)}
+    with raw.history_insert_fails(), pytest.raises(DB_ERRORS, match="boom"):
+        await store.execution_reconcile_apply(actions)
+    for eid in (a, b):
+        await assert_unchanged(store, eid, before[eid])
+    assert await store.execution_reconcile_apply(actions) == actions
+
+
+# -- execution_resolve ---------------------------------------------------------------------------
+
+
+async def test_resolve_attach(store: Store) -> None:
+    eid = await delegated(store)
+    flag = ReconcileAction(eid, None, "flag", "the trigger's outcome is unknown")
+    assert await store.execution_reconcile_apply([flag]) == [flag]
+    before = await get(store, eid)
+
+    res = await store.execution_resolve(eid, action="attach", external_id="run-9",
+                                        reason="found in the engine", actor="ops@example")
+
+    ex = await get(store, eid)
+    assert res == ControlResult(ex, changed=True)
+    assert ex == dataclasses.replace(before, external_execution_id="run-9", flagged_at=None,
+                                     flag_reason=None, history_seq=before.history_seq + 1)
+    assert ex.status == Status.RUNNING
+    events = await assert_history_consistent(store, eid)
+    assert events[-1].kind == "external_started"
+    assert events[-1].data == {"external_execution_id": "run-9", "by": "ops@example",
+                               "reason": "found in the engine"}
+
+    # it has an id now: another attach is refused, and changes nothing
+    snap = await snapshot(store, eid)
+    res = await store.execution_resolve(eid, action="attach", external_id="run-10",
+                                        reason="again", actor="ops@example")
+    assert res == ControlResult(ex, refused="execution already has an external id (run-9)")
+    await assert_unchanged(store, eid, snap)
+
+
+@pytest.mark.parametrize(("action", "to"), [("fail", Status.FAILED_TRANSIENT),
+                                            ("cancel", Status.CANCELLED)])
+@pytest.mark.parametrize("with_id", [True, False], ids=["attached", "without_id"])
+async def test_resolve_ends_the_run(
+    store: Store, clock: ManualClock, action: str, to: Status, with_id: bool
+) -> None:
+    eid = await (attached(store, "run-1") if with_id else delegated(store))
+    flag = ReconcileAction(eid, "run-1" if with_id else None, "flag", "stuck")
+    assert await store.execution_reconcile_apply([flag]) == [flag]
+    at = clock.advance(5)
+
+    res = await store.execution_resolve(eid, action=action, external_id=None,
+                                        reason="run deleted in the engine", actor="ops@example")
+
+    ex = await get(store, eid)
+    assert res == ControlResult(ex, changed=True)
+    assert (ex.status, ex.updated_at, ex.result) == (to, at, None)
+    assert ex.error == ({"code": "operator", "message": "run deleted in the engine",
+                         "by": "ops@example"} if to == Status.FAILED_TRANSIENT else None)
+    assert (ex.flagged_at, ex.flag_reason) == (None, None)
+    events = await assert_history_consistent(store, eid)
+    assert (events[-1].kind, events[-1].at) == (str(to), at)
+    assert events[-1].data == {"by": "ops@example", "reason": "run deleted in the engine",
+                               "resolved": True}
+
+
+RESOLVE_REFUSALS = [
+    ("plain_running", "execution is running, not delegated to an engine"),
+    ("pending", "execution is pending, not delegated to an engine"),
+    ("completed", "execution is completed, not delegated to an engine"),
+    ("ended_by_callback", "execution is completed"),
+    ("resolved", "execution is cancelled"),
+]
+
+
+@pytest.mark.parametrize(("how", "refused"), RESOLVE_REFUSALS,
+                         ids=[r[0] for r in RESOLVE_REFUSALS])
+@pytest.mark.parametrize("action", ["attach", "fail", "cancel"])
+async def test_resolve_refused_unless_running_and_delegated(
+    store: Store, clock: ManualClock, how: str, refused: str, action: str
+) -> None:
+    if how == "plain_running":
+        eid = (await running(store)).execution_id
+    elif how == "pending":
+        eid = (await submit_unique(store)).id
+    elif how == "completed":
+        eid = await completed(store)
+    elif how == "ended_by_callback":
+        eid = await attached(store, "run-1")
+        assert (await store.execution_callback(eid, TOKEN, "complete", 1)).outcome == "applied"
+    else:
+        eid = await delegated(store)
+        assert (await store.execution_resolve(
+            eid, action="cancel", external_id=None, reason="r", actor="ops")).changed
+    before = await snapshot(store, eid)
+    clock.advance(1)
+
+    res = await store.execution_resolve(eid, action=action, external_id="run-x",
+                                        reason="why", actor="ops@example")
+
+    assert res == ControlResult(before[0], refused=refused)
+    await assert_unchanged(store, eid, before)
+
+
+async def test_resolve_of_an_unknown_execution(store: Store) -> None:
+    unknown = uuid.uuid4()
+    for action in ("attach", "fail", "cancel"):
+        res = await store.execution_resolve(unknown, action=action, external_id="run-1",
+                                            reason="r", actor="ops")
+        assert res == ControlResult(None)
+    assert await store.history_list(unknown) == []
+
+
+async def test_resolve_rejects_bad_requests(store: Store) -> None:
+    eid = await delegated(store)
+    before = await snapshot(store, eid)
+    with pytest.raises(ValueError, match="unknown resolution"):
+        await store.execution_resolve(eid, action="complete", external_id=None, reason="r",
+                                      actor="ops")
+    for missing in (None, ""):
+        with pytest.raises(ValueError, match="external id"):
+            await store.execution_resolve(eid, action="attach", external_id=missing,
+                                          reason="r", actor="ops")
+    await assert_unchanged(store, eid, before)
+
+
+# -- execution_checkpoint_many_if_owned ---------------------------------------------------------
+
+
+async def test_checkpoint_many_journals_every_owned_execution(
+    store: Store, clock: ManualClock
+) -> None:
+    claims = [await running(store, "w") for _ in range(3)]
+    before = [await get(store, c.execution_id) for c in claims]
+    at = clock.advance(2)
+    items: list[tuple[Claim, str, Any]] = [
+        (claims[0], "step_completed", {"step": "s0", "result": [0, {"ü": None}]}),
+        (claims[1], "timer_started", {"pos": 1}),
+        (claims[2], "step_completed", None),
+    ]
+
+    results = await store.execution_checkpoint_many_if_owned("w", items)
+
+    assert results == [TransitionResult(True, None)] * 3
+    for (c, kind, data), old in zip(items, before, strict=True):
+        ex = await get(store, c.execution_id)
+        # a journal event changes no state: only the history grows
+        assert ex == dataclasses.replace(old, history_seq=old.history_seq + 1)
+        events = await assert_history_consistent(store, c.execution_id)
+        assert (events[-1].kind, events[-1].data, events[-1].at, events[-1].seq) == (
+            kind, data, at, old.history_seq + 1)
+    assert await store.execution_checkpoint_many_if_owned("w", []) == []
+    # the runs go on: their leases still hold
+    assert all([(await store.execution_complete_if_owned(c, "done")).applied for c in claims])
+
+
+async def test_checkpoint_many_refuses_stale_claims_in_the_batch(
+    store: Store, clock: ManualClock
+) -> None:
+    expired = await running(store, "w")
+    clock.advance(TTL / 2)
+    ok = await running(store, "w")
+    stale = await running(store, "w")
+    assert (await store.execution_release_if_owned(stale, "again")).applied
+    current = await claim_exactly(store, stale.execution_id, "w")
+    handed_over = await running(store, "w")
+    await delegate(store, handed_over)
+    done = await running(store, "w")
+    assert (await store.execution_complete_if_owned(done, 1)).applied
+    unknown = Claim(uuid.uuid4(), "w", 1)
+    clock.advance(TTL / 2)  # ``expired`` reaches its expiry, the others hold
+    refused = {c.execution_id: await snapshot(store, c.execution_id)
+               for c in (expired, stale, handed_over, done)}
+    ok_before = await get(store, ok.execution_id)
+
+    items: list[tuple[Claim, str, Any]] = [
+        (expired, "step_completed", {"n": 0}),
+        (ok, "step_completed", {"n": 1}),
+        (stale, "step_completed", {"n": 2}),
+        (handed_over, "step_completed", {"n": 3}),
+        (done, "step_completed", {"n": 4}),
+        (unknown, "step_completed", {"n": 5}),
+        (ok, "step_completed", {"n": 6}),  # the same execution again: refused
+    ]
+    results = await store.execution_checkpoint_many_if_owned("w", items)
+
+    assert [r.applied for r in results] == [False, True, False, False, False, False, False]
+    assert results[1] == TransitionResult(True, None)
+    assert results[5] == TransitionResult(False, None, "execution does not exist")
+    reasons = {expired.execution_id: "lease expired", stale.execution_id: STALE,
+               handed_over.execution_id: STALE, done.execution_id: "execution is completed"}
+    for r, (claim, kind, data) in zip(results, items, strict=True):
+        if claim.execution_id not in reasons:
+            continue
+        assert r.reason == reasons[claim.execution_id]
+        assert r.execution == await get(store, claim.execution_id)
+        late = await assert_kept_as_late_report(store, refused[claim.execution_id])
+        assert late.data == {"report": kind, "owner": "w", "epoch": claim.epoch,
+                             "payload": data, "reason": reasons[claim.execution_id]}
+    assert (await get(store, stale.execution_id)).lease_epoch == current.epoch
+    assert await store.history_list(unknown.execution_id) == []
+
+    # the owned one got its event once; the repeat is kept as a late report after it
+    ex = await get(store, ok.execution_id)
+    assert ex == dataclasses.replace(ok_before, history_seq=ok_before.history_seq + 2)
+    assert ex.status == Status.RUNNING
+    events = await assert_history_consistent(store, ok.execution_id)
+    assert kinds(events)[-2:] == ["step_completed", "late_report"]
+    assert events[-2].data == {"n": 1}
+    assert results[6].execution is not None
+    assert (events[-1].data["report"], events[-1].data["payload"]) == (
+        "step_completed", {"n": 6})
+
+
+async def test_checkpoint_many_rejects_a_bad_batch_whole(store: Store) -> None:
+    mine = await running(store, "w")
+    theirs = await running(store, "other")
+    before = {c.execution_id: await snapshot(store, c.execution_id) for c in (mine, theirs)}
+    with pytest.raises(ValueError, match="owner"):
+        await store.execution_checkpoint_many_if_owned(
+            "w", [(mine, "step_completed", 1), (theirs, "step_completed", 2)])
+    for reserved in ("completed", "late_report", ""):
+        with pytest.raises(ValueError, match="journal event kind"):
+            await store.execution_checkpoint_many_if_owned(
+                "w", [(mine, "step_completed", 1), (mine, reserved, 2)])
+    for eid, snap in before.items():
+        await assert_unchanged(store, eid, snap)
+
+
+async def test_checkpoint_many_fails_whole_when_history_insert_fails(
+    store: Store, raw: RawSQL
+) -> None:
+    claims = [await running(store, "w") for _ in range(3)]
+    items = [(c, "step_completed", {"i": i}) for i, c in enumerate(claims)]
+    before = {c.execution_id: await snapshot(store, c.execution_id) for c in claims}
+    with raw.history_insert_fails(), pytest.raises(DB_ERRORS, match="boom"):
+        await store.execution_checkpoint_many_if_owned("w", items)
+    for eid, snap in before.items():
+        await assert_unchanged(store, eid, snap)
+    results = await store.execution_checkpoint_many_if_owned("w", items)
+    assert results == [TransitionResult(True, None)] * 3
