@@ -44,6 +44,7 @@ from veracity.models import (
     TransitionResult,
 )
 from veracity.store import Store
+from veracity.store._common import REPEATED_IN_BATCH
 from veracity.store._ops import token_hash
 
 TTL = ENGINE_TTL
@@ -1088,6 +1089,7 @@ async def test_checkpoint_many_refuses_stale_claims_in_the_batch(
     assert results[6].execution is not None
     assert (events[-1].data["report"], events[-1].data["payload"]) == (
         "step_completed", {"n": 6})
+    assert results[6].reason == events[-1].data["reason"] == REPEATED_IN_BATCH
 
 
 async def test_checkpoint_many_rejects_a_bad_batch_whole(store: Store) -> None:

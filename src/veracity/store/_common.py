@@ -20,18 +20,24 @@ def claim_sources() -> list[str]:
     return [str(s) for s in sources_of(Status.RUNNING, among=(Status.PENDING,))]
 
 
+REPEATED_IN_BATCH = "a second write for this execution in one batch (only the first applies)"
+
+
 def late_report_event(
-    report: str, claim: Claim, payload: JSON, current: Execution | None
+    report: str, claim: Claim, payload: JSON, current: Execution | None,
+    reason: str | None = None,
 ) -> dict[str, JSON]:
-    """What a refused fenced write leaves in history (DESIGN invariant 4)."""
-    if current is None:
-        reason = "execution does not exist"
-    elif current.status != Status.RUNNING:
-        reason = f"execution is {current.status}"
-    elif current.lease_owner != claim.owner or current.lease_epoch != claim.epoch:
-        reason = "lease is held by another owner or epoch"
-    else:
-        reason = "lease expired"
+    """What a refused fenced write leaves in history (DESIGN invariant 4); ``reason``
+    when the caller knows better than the row's state why it was refused."""
+    if reason is None:
+        if current is None:
+            reason = "execution does not exist"
+        elif current.status != Status.RUNNING:
+            reason = f"execution is {current.status}"
+        elif current.lease_owner != claim.owner or current.lease_epoch != claim.epoch:
+            reason = "lease is held by another owner or epoch"
+        else:
+            reason = "lease expired"
     return {
         "report": report,
         "owner": claim.owner,

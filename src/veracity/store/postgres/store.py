@@ -37,6 +37,7 @@ from veracity.models import (
 )
 from veracity.store import _ops
 from veracity.store._common import (
+    REPEATED_IN_BATCH,
     RunnerLock,
     check_filter,
     check_journal_kind,
@@ -328,12 +329,12 @@ class PostgresStore(EngineMethods):
         return [row_to_execution(r) for r in rows]
 
     async def _late_report(
-        self, report: str, claim: Claim, payload: JSON
+        self, report: str, claim: Claim, payload: JSON, reason: str | None = None
     ) -> TransitionResult:
         current = await self.execution_get(claim.execution_id)
         if current is None:
             return TransitionResult(False, None, "execution does not exist")
-        late = late_report_event(report, claim, payload, current)
+        late = late_report_event(report, claim, payload, current, reason)
         row = await self._fetchone(
             "execution_late_report",
             {"id": claim.execution_id, "event": Json(late), "now": self._now()},
@@ -453,12 +454,16 @@ class PostgresStore(EngineMethods):
         ) if unique else []
         applied = {row["id"] for row in rows}
         out: list[TransitionResult] = []
+        repeats: set[uuid.UUID] = set()
         for claim, kind, data in items:
             if claim.execution_id in applied:
                 applied.discard(claim.execution_id)  # a repeat in the batch is refused
                 out.append(TransitionResult(True, None))
             else:
-                out.append(await self._late_report(kind, claim, data))
+                out.append(await self._late_report(
+                    kind, claim, data,
+                    REPEATED_IN_BATCH if claim.execution_id in repeats else None))
+            repeats.add(claim.execution_id)
         return out
 
     async def lease_renew(

@@ -42,6 +42,7 @@ from veracity.models import (
 )
 from veracity.store import _ops
 from veracity.store._common import (
+    REPEATED_IN_BATCH,
     RunnerLock,
     check_filter,
     check_journal_kind,
@@ -377,12 +378,13 @@ class SqliteStore(EngineMethods):
         return await self._run(self._write, work)
 
     def _late_report(
-        self, conn: sqlite3.Connection, now: int, report: str, claim: Claim, payload: JSON
+        self, conn: sqlite3.Connection, now: int, report: str, claim: Claim, payload: JSON,
+        reason: str | None = None,
     ) -> TransitionResult:
         got = conn.execute(Q["execution_get"], {"id": str(claim.execution_id)}).fetchone()
         if got is None:
             return TransitionResult(False, None, "execution does not exist")
-        late = late_report_event(report, claim, payload, row_to_execution(got))
+        late = late_report_event(report, claim, payload, row_to_execution(got), reason)
         bumped = conn.execute(
             Q["execution_bump_history"], {"id": str(claim.execution_id), "by": 1}
         ).fetchone()
@@ -499,10 +501,13 @@ class SqliteStore(EngineMethods):
                         {"id": str(claim.execution_id), "owner": claim.owner,
                          "epoch": claim.epoch, "now": now},
                     ).fetchone()
-                seen.add(claim.execution_id)
                 if row is None:
-                    out.append(self._late_report(conn, now, kind, claim, data))
+                    out.append(self._late_report(
+                        conn, now, kind, claim, data,
+                        REPEATED_IN_BATCH if claim.execution_id in seen else None))
+                    seen.add(claim.execution_id)
                     continue
+                seen.add(claim.execution_id)
                 self._event(conn, row["id"], row["history_seq"], kind, now, data)
                 out.append(TransitionResult(True, None))
             return out
