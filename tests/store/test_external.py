@@ -291,6 +291,35 @@ async def test_record_external_id_with_actor_and_reason_clears_the_flag(
                                "reason": "found it in the engine's UI"}
 
 
+async def in_state(store: Store, how: str) -> uuid.UUID:
+    """An execution brought to the situation named ``how`` (the refusal tables' first
+    column)."""
+    if how == "plain_running":
+        return (await running(store)).execution_id
+    if how == "pending":
+        return (await submit_unique(store)).id
+    if how == "completed":
+        return await completed(store)
+    if how == "ended_without_id":
+        eid = await delegated(store)
+        assert (await store.execution_end_external(
+            eid, to=Status.FAILED_TRANSIENT, expected_external_id=None)).changed
+        return eid
+    if how == "ended_by_callback":
+        eid = await attached(store, "run-1")
+        assert (await store.execution_callback(eid, TOKEN, "complete", 1)).outcome == "applied"
+        return eid
+    if how == "ended_with_id":
+        eid = await attached(store, "run-1")
+    elif how == "resolved":
+        eid = await delegated(store)
+    else:
+        raise AssertionError(f"unknown situation {how!r}")
+    assert (await store.execution_resolve(
+        eid, action="cancel", external_id=None, reason="r", actor="ops")).changed
+    return eid
+
+
 RECORD_REFUSALS = [
     # (how the execution got there, refused, late report's reason)
     ("plain_running", "execution is running", "execution is running"),
@@ -307,20 +336,7 @@ RECORD_REFUSALS = [
 async def test_record_external_id_refused_unless_delegated_without_id(
     store: Store, how: str, refused: str, reason: str
 ) -> None:
-    if how == "plain_running":
-        eid = (await running(store)).execution_id
-    elif how == "pending":
-        eid = (await submit_unique(store)).id
-    elif how == "completed":
-        eid = await completed(store)
-    elif how == "ended_without_id":
-        eid = await delegated(store)
-        assert (await store.execution_end_external(
-            eid, to=Status.FAILED_TRANSIENT, expected_external_id=None)).changed
-    else:
-        eid = await attached(store, "run-1")
-        assert (await store.execution_resolve(
-            eid, action="cancel", external_id=None, reason="r", actor="ops")).changed
+    eid = await in_state(store, how)
     before = await snapshot(store, eid)
 
     res = await store.execution_record_external_id(eid, "run-late", actor="worker")
@@ -958,19 +974,7 @@ RESOLVE_REFUSALS = [
 async def test_resolve_refused_unless_running_and_delegated(
     store: Store, clock: ManualClock, how: str, refused: str, action: str
 ) -> None:
-    if how == "plain_running":
-        eid = (await running(store)).execution_id
-    elif how == "pending":
-        eid = (await submit_unique(store)).id
-    elif how == "completed":
-        eid = await completed(store)
-    elif how == "ended_by_callback":
-        eid = await attached(store, "run-1")
-        assert (await store.execution_callback(eid, TOKEN, "complete", 1)).outcome == "applied"
-    else:
-        eid = await delegated(store)
-        assert (await store.execution_resolve(
-            eid, action="cancel", external_id=None, reason="r", actor="ops")).changed
+    eid = await in_state(store, how)
     before = await snapshot(store, eid)
     clock.advance(1)
 
