@@ -14,6 +14,7 @@ import pytest
 from veracity import App
 from veracity.config import WorkerSettings
 from veracity.core.states import Status
+from veracity.errors import Conflict
 from veracity.service import ExecutionService
 from veracity.store import open_store
 from veracity.worker.runner import Worker
@@ -82,6 +83,27 @@ async def test_the_guide_runs(tmp_path, database_url):
             await wait_status(service, e.id, {Status.BLOCKED})
             cancelled, _ = await service.cancel(e.id)
             assert cancelled.status == Status.CANCELLED
+
+            e, _ = await service.submit("guide:fleet/reconcile.run", [["k1", "k2"]])
+            started = (await wait_status(service, e.id, done)).result
+            assert sorted(started) == ["k1", "k2"]
+            for key, child in started.items():
+                assert (await wait_status(service, child, done)).result == f"serving {key}"
+
+            e, _ = await service.submit("guide:audit/stamp.run", ["x"])
+            stamped = (await wait_status(service, e.id, done)).result
+            assert stamped["execution_id"] == str(e.id)
+            assert stamped["deployment_id"] == "d-doc" and stamped["at"]
+
+            e, _ = await service.submit("guide:billing/settle.run", ["acc-1"])
+            await wait_status(service, e.id, {Status.BLOCKED})
+            paused, _ = await service.pause(e.id)
+            assert paused.status == Status.PAUSED
+            unpaused, _ = await service.unpause(e.id)
+            assert unpaused.status == Status.BLOCKED and unpaused.wake_at is not None
+            with pytest.raises(Conflict) as refused:
+                await service.cancel(e.id)  # not -cancellable: pausing is the way
+            assert refused.value.code == "not_cancellable"
         finally:
             worker.stop()
             await task

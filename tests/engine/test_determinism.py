@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from veracity.worker.context import (
     STEP_COMPLETED,
     STEP_FAILED,
     Journal,
+    args_digest,
     step_name,
 )
 
@@ -187,6 +188,22 @@ async def call_sleep_until(ctx: Context) -> Any:
     return await ctx.sleep_until(T0 + timedelta(days=1))
 
 
+async def call_sleep_2(ctx: Context) -> Any:
+    return await ctx.sleep(2)
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+async def call_add_1_2(ctx: Context) -> Any:
+    return await ctx.step(add, 1, 2)
+
+
+async def call_add_1_3(ctx: Context) -> Any:
+    return await ctx.step(add, 1, b=3)
+
+
 async def call_recv_a(ctx: Context) -> Any:
     return await ctx.recv("a")
 
@@ -203,8 +220,16 @@ async def call_submit_other(ctx: Context) -> Any:
     return await ctx.join_set().submit("test:other/run.fn", 1)
 
 
+async def call_submit_echo_2(ctx: Context) -> Any:
+    return await ctx.join_set().submit("test:echo/run.fn", 2)
+
+
 async def call_schedule_echo(ctx: Context) -> Any:
     return await ctx.schedule("test:echo/run.fn", 1)
+
+
+async def call_schedule_echo_2(ctx: Context) -> Any:
+    return ctx.schedule("test:echo/run.fn", 2)  # not awaited: the check is at the call
 
 
 async def call_schedule_other(ctx: Context) -> Any:
@@ -223,25 +248,44 @@ SUBMIT_EV = (CHILD_SUBMITTED, {"child_id": str(CHILD), "ffqn": "test:echo/run.fn
 SCHEDULED_EV = (SCHEDULED, {"execution_id": str(CHILD), "ffqn": "test:echo/run.fn",
                             "params": [1]})
 NOW_EV = (NOW_RECORDED, {"value": PAST})
+DAY = (T0 + timedelta(days=1)).isoformat()
+SLEEP_1S_EV = (SLEEP_STARTED, {"until": PAST, "seconds": 1})
+SLEEP_UNTIL_EV = (SLEEP_STARTED, {"until": PAST, "when": PAST})
+ADD = f"step {step_name(add)}"
+ADD_EV = (STEP_COMPLETED, {"name": step_name(add), "args": args_digest((1, 2), {}),
+                           "attempts": 1, "result": 3})
 
 
 MISMATCHES: list[tuple[str, tuple[str, dict[str, Any]], Call, str, str]] = [
-    ("step vs sleep", STEP_EV, call_sleep, STEP_ONE, "sleep"),
+    ("step vs sleep", STEP_EV, call_sleep, STEP_ONE, "sleep(1s)"),
     ("sleep vs step", SLEEP_EV, call_step_one, "sleep", STEP_ONE),
-    ("sleep vs sleep_until", STEP_EV, call_sleep_until, STEP_ONE, "sleep"),
+    ("step vs sleep_until", STEP_EV, call_sleep_until, STEP_ONE, f"sleep_until({DAY})"),
     ("another step", STEP_EV, call_step_two, STEP_ONE, STEP_TWO),
+    ("a step with other arguments", ADD_EV, call_add_1_3,
+     f"{ADD} with arguments {args_digest((1, 2), {})}",
+     f"{ADD} with other arguments ({args_digest((1,), {'b': 3})})"),
+    ("sleep of another duration", SLEEP_1S_EV, call_sleep_2, "sleep(1s)", "sleep(2s)"),
+    ("sleep vs sleep_until", SLEEP_1S_EV, call_sleep_until, "sleep(1s)",
+     f"sleep_until({DAY})"),
+    ("sleep_until another time", SLEEP_UNTIL_EV, call_sleep_until, f"sleep_until({PAST})",
+     f"sleep_until({DAY})"),
+    ("sleep_until vs sleep", SLEEP_UNTIL_EV, call_sleep, f"sleep_until({PAST})", "sleep(1s)"),
     ("sleep vs recv", SLEEP_EV, call_recv_a, "sleep", "recv('a')"),
-    ("recv vs sleep", RECV_EV, call_sleep, "recv('a')", "sleep"),
+    ("recv vs sleep", RECV_EV, call_sleep, "recv('a')", "sleep(1s)"),
     ("recv of another topic", RECV_EV, call_recv_b, "recv('a')", "recv('b')"),
-    ("submit of another ffqn", SUBMIT_EV, call_submit_other, "submit test:echo/run.fn",
-     "submit test:other/run.fn"),
-    ("submit vs schedule", SUBMIT_EV, call_schedule_echo, "submit test:echo/run.fn",
-     "schedule test:echo/run.fn"),
+    ("submit of another ffqn", SUBMIT_EV, call_submit_other, "submit test:echo/run.fn(1)",
+     "submit test:other/run.fn(1)"),
+    ("submit with other params", SUBMIT_EV, call_submit_echo_2, "submit test:echo/run.fn(1)",
+     "submit test:echo/run.fn(2)"),
+    ("submit vs schedule", SUBMIT_EV, call_schedule_echo, "submit test:echo/run.fn(1)",
+     "schedule test:echo/run.fn(1)"),
     ("schedule of another ffqn", SCHEDULED_EV, call_schedule_other,
-     "schedule test:echo/run.fn", "schedule test:other/run.fn"),
-    ("schedule vs submit", SCHEDULED_EV, call_submit_echo, "schedule test:echo/run.fn",
-     "submit test:echo/run.fn"),
-    ("step vs submit", STEP_EV, call_submit_echo, STEP_ONE, "submit test:echo/run.fn"),
+     "schedule test:echo/run.fn(1)", "schedule test:other/run.fn(1)"),
+    ("schedule with other params", SCHEDULED_EV, call_schedule_echo_2,
+     "schedule test:echo/run.fn(1)", "schedule test:echo/run.fn(2)"),
+    ("schedule vs submit", SCHEDULED_EV, call_submit_echo, "schedule test:echo/run.fn(1)",
+     "submit test:echo/run.fn(1)"),
+    ("step vs submit", STEP_EV, call_submit_echo, STEP_ONE, "submit test:echo/run.fn(1)"),
     ("now vs step", NOW_EV, call_step_one, "now()", STEP_ONE),
     ("step vs now", STEP_EV, call_now, STEP_ONE, "now()"),
 ]
@@ -317,9 +361,41 @@ async def test_a_matching_replay_returns_the_recorded_outcomes_without_running_a
     outcome = await js.next()
     assert outcome.execution_id == CHILD and outcome.status == Status.FAILED
     assert not outcome.ok and outcome.error == {"code": "workflow_error"}
-    assert await ctx.schedule("test:echo/run.fn", 2) == EXECUTION
+    scheduled = ctx.schedule("test:echo/run.fn", 2)
+    assert scheduled == EXECUTION and str(scheduled) == str(EXECUTION)
+    plain = await scheduled  # nothing to write on a replay: the store is not touched
+    assert plain == EXECUTION and type(plain) is uuid.UUID
     assert await ctx.recv("a") == {"m": 1}
     with pytest.raises(TimeoutError):
         await ctx.recv("b", timeout=1)
     assert ran == [] and ctx.steps_run == 0
 
+
+
+async def test_a_replay_with_the_same_requests_matches() -> None:
+    """Same step arguments, same sleep, same child and schedule parameters: no divergence."""
+    kind, data = ADD_EV
+    ctx = context(
+        ev(3, kind, pos=0, **data),
+        ev(4, SLEEP_STARTED, pos=1, until=PAST, seconds=2),
+        ev(5, SLEEP_STARTED, pos=2, until=PAST, when=PAST),
+        ev(6, CHILD_SUBMITTED, pos=3, child_id=str(CHILD), ffqn="test:echo/run.fn",
+           params=[2], join_set="js0"),
+        ev(7, SCHEDULED, pos=4, execution_id=str(EXECUTION), ffqn="test:echo/run.fn",
+           params=[2]),
+    )
+    assert await call_add_1_2(ctx) == 3
+    await call_sleep_2(ctx)
+    await ctx.sleep_until(datetime.fromisoformat(PAST).astimezone(timezone(timedelta(hours=5))))
+    assert await call_submit_echo_2(ctx) == CHILD
+    assert await call_schedule_echo_2(ctx) == EXECUTION
+    assert ctx.nondeterminism is None and ctx.steps_run == 0
+
+
+def test_step_arguments_that_are_not_json_are_not_fingerprinted() -> None:
+    """An object's repr may differ from one process to the next: such arguments are not
+    compared on replay (the step's name still is)."""
+    assert args_digest((object(),), {}) is None
+    assert args_digest((1, 2), {}) == args_digest((1, 2), {})
+    assert args_digest((1, 2), {}) != args_digest((2, 1), {})
+    assert args_digest((), {"a": 1, "b": 2}) == args_digest((), {"b": 2, "a": 1})

@@ -146,6 +146,21 @@ async def schedule_then_sleep(ctx: Context, value: Any, explicit: str | None) ->
     return [str(first), str(second)]
 
 
+@app.workflow("eng:schedule-sync/run.fn")
+async def schedule_without_await(ctx: Context, value: Any, then: str) -> list[str]:
+    """``ctx.schedule`` as seed 001 writes it (``obelisk.schedule``, no await): the schedules
+    are written with the next durable write (a step), or at the end of the run."""
+    first = ctx.schedule("test:echo/run.fn", value)
+    second = ctx.schedule("test:echo/run.fn", f"{value}-2")
+    if then == "step":
+        await ctx.step(counted, f"sched:{value}")
+    elif then == "sleep":
+        await ctx.sleep(0.1)
+    elif then == "fail":
+        raise RuntimeError("after scheduling")
+    return [str(first), str(second)]
+
+
 @app.workflow("eng:recv3/run.fn")
 async def recv_three(ctx: Context, topic: str) -> list[Any]:
     """Three receives on one topic, with a durable sleep (hence a replay) in between."""
@@ -257,7 +272,7 @@ async def test_sleep_until_blocks_until_the_given_time(store: Store, worker: Wor
     assert done.result == "woke"
     evs = await history(store, ex.id)
     (started,) = [e for e in evs if e.kind == SLEEP_STARTED]
-    assert started.data == {"pos": 0, "until": when.isoformat()}
+    assert started.data == {"pos": 0, "until": when.isoformat(), "when": when.isoformat()}
     (woken,) = [e for e in evs if e.kind == "pending" and e.data.get("reason") == "timer"]
     assert woken.at >= when
 
@@ -458,6 +473,33 @@ async def test_schedule_creates_a_top_level_execution_once_across_a_replay(
     kids, _ = await store.execution_children(ex.id)
     assert kids == []
     assert (await kinds(store, first))[0] == "pending"
+
+
+@pytest.mark.parametrize("then", ["return", "step", "sleep", "fail"])
+async def test_schedule_without_await_is_written_with_the_next_write_or_the_end(
+    store: Store, worker: Worker, then: str
+) -> None:
+    async with running(worker):
+        ex = await submit(store, "eng:schedule-sync/run.fn", then, then)
+        end = Status.FAILED if then == "fail" else Status.COMPLETED
+        done = await wait_status(store, ex.id, end)
+        evs = await history(store, ex.id)
+        sched = [e for e in evs if e.kind == SCHEDULED]
+        ids = [uuid.UUID(str(e.data["execution_id"])) for e in sched]
+        scheduled = [await wait_status(store, i, Status.COMPLETED) for i in ids]
+
+    assert [s.result for s in scheduled] == [then, f"{then}-2"]
+    assert all(s.parent_id is None for s in scheduled)
+    if then != "fail":
+        assert done.result == [str(i) for i in ids]
+    # both records precede what came after them in the workflow, in call order
+    assert [e.data["pos"] for e in sched] == [0, 1]
+    after = {"return": "completed", "step": STEP_COMPLETED, "sleep": SLEEP_STARTED,
+             "fail": "failed"}[then]
+    names = [e.kind for e in evs]
+    assert names.index(after) > names.index(SCHEDULED)
+    echoes = await store.execution_list(ExecutionFilter(ffqn_prefix="test:echo/"), limit=100)
+    assert sorted(e.id for e in echoes) == sorted(ids)  # a replay (sleep) made no more
 
 
 # -- messages -------------------------------------------------------------------------------

@@ -256,10 +256,10 @@ async def test_replay_returns_recorded_results_without_running(
     assert counter.calls == 2
 
     again = await replay_ctx(store, ctx)
-    # the replayed run passes different arguments: recorded results win, nothing runs
+    # the recorded results come back; the functions do not run again
     replayed = [
-        await again.step(counter.sync_value, "CHANGED"),
-        await again.step(counter.async_value, {"CHANGED": 0}),
+        await again.step(counter.sync_value, "a"),
+        await again.step(counter.async_value, {"b": 2}),
     ]
     assert replayed == first
     assert counter.calls == 2
@@ -272,6 +272,23 @@ async def test_replay_returns_recorded_results_without_running(
     assert [(e.data["pos"], e.data["result"]) for e in events] == [
         (0, "a"), (1, {"b": 2}), (2, "c")
     ]
+
+
+async def test_replay_with_other_step_arguments_is_nondeterminism(
+    store: Store, ctx: Context
+) -> None:
+    """A recorded result is only returned to the same call: same function, same (JSON)
+    arguments. Other arguments at that position are a change of the workflow's code or of
+    its inputs, and returning the old result would be a lie."""
+    counter = Counter()
+    await ctx.step(counter.sync_value, "a")
+    again = await replay_ctx(store, ctx)
+    with pytest.raises(NondeterminismError) as info:
+        await again.step(counter.sync_value, "CHANGED")
+    assert info.value.position == 0
+    assert "with other arguments" in info.value.new
+    assert again.nondeterminism is info.value
+    assert counter.calls == 1
 
 
 async def test_replay_of_a_recorded_failure_raises_the_same_error(

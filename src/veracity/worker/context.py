@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import inspect
 import json
 import math
@@ -18,7 +19,7 @@ import random
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overload
@@ -192,9 +193,10 @@ def describe(ev: HistoryEvent) -> str:
     if ev.kind in (STEP_COMPLETED, STEP_FAILED):
         return f"step {data.get('name')}"
     if ev.kind == SLEEP_STARTED:
-        return "sleep"
+        return describe_sleep(data.get("seconds"), data.get("when"))
     if ev.kind in (CHILD_SUBMITTED, SCHEDULED):
-        return f"{'submit' if ev.kind == CHILD_SUBMITTED else 'schedule'} {data.get('ffqn')}"
+        verb = "submit" if ev.kind == CHILD_SUBMITTED else "schedule"
+        return describe_spawn(verb, str(data.get("ffqn")), data.get("params"))
     if ev.kind == JOIN_NEXT:
         return f"next() of join set {data.get('join_set')}"
     if ev.kind in (RECV_STARTED, MESSAGE_RECEIVED, RECV_TIMED_OUT):
@@ -202,6 +204,65 @@ def describe(ev: HistoryEvent) -> str:
     if ev.kind == NOW_RECORDED:
         return "now()"
     return ev.kind
+
+
+def describe_sleep(seconds: Any, when: Any) -> str:
+    if seconds is not None:
+        return f"sleep({seconds:g}s)" if isinstance(seconds, int | float) else "sleep"
+    if when is not None:
+        return f"sleep_until({when})"
+    return "sleep"
+
+
+def _same_sleep(data: Mapping[str, Any], seconds: float | None, when: datetime | None) -> bool:
+    """Whether a recorded sleep asked for what this one asks (histories written before the
+    request was recorded are taken as the same)."""
+    if "seconds" in data or "when" in data:
+        if seconds is not None:
+            return data.get("seconds") == seconds
+        recorded = data.get("when")
+        return recorded is not None and when is not None and (
+            datetime.fromisoformat(str(recorded)) == when)
+    return True
+
+
+def describe_spawn(verb: str, ffqn: str, params: Any) -> str:
+    if params is None:
+        return f"{verb} {ffqn}"
+    shown = json.dumps(params, separators=(",", ":"))
+    return f"{verb} {ffqn}({shown[1:-1] if len(shown) <= 80 else shown[1:77] + '...'})"
+
+
+def args_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """A step's arguments, fingerprinted to tell on replay whether they changed; None when
+    they are not JSON (an object's repr may differ from run to run: not compared then)."""
+    try:
+        text = json.dumps([list(args), kwargs], sort_keys=True, allow_nan=False,
+                          separators=(",", ":"))
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Scheduled(uuid.UUID):
+    """What ``ctx.schedule`` returns: the new execution's id, at once. The schedule is
+    recorded, and the execution created, with the workflow's next durable write (its next
+    step, wait or child, or its end); awaiting the id writes it right away."""
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, value: uuid.UUID, ctx: Context | None) -> None:
+        super().__init__(int=value.int)
+        object.__setattr__(self, "_ctx", ctx)
+
+    def __await__(self) -> Generator[Any, None, uuid.UUID]:
+        return self._written().__await__()
+
+    async def _written(self) -> uuid.UUID:
+        ctx: Context | None = object.__getattribute__(self, "_ctx")
+        if ctx is not None:
+            await ctx.settle()
+        return uuid.UUID(int=self.int)
 
 
 class JoinSet:
@@ -256,6 +317,7 @@ class Context:
         self._mono_base = time.monotonic()
         self._signal_seq = signal_seq
         self._unwritten: list[tuple[str, JSON]] = []
+        self._unwritten_children: list[NewExecution] = []  # scheduled, not yet awaited
         # the worker batches checkpoints of concurrent runs; alone, one statement each
         self._checkpoint_one = checkpoint
         self._join_sets = 0
@@ -333,9 +395,10 @@ class Context:
         self._check()
         pos = self._next_position()
         label = name or step_name(fn)
+        digest = args_digest(args, kwargs)
         recorded = self._recorded(pos, (STEP_COMPLETED, STEP_FAILED), f"step {label}")
         if recorded is not None:
-            return self._replay(pos, label, recorded)
+            return self._replay(pos, label, digest, recorded)
         policy = retry or DEFAULT_STEP_RETRY
         attempts = 0
         while True:
@@ -352,12 +415,14 @@ class Context:
                     continue
                 info = error_info(exc)
                 await self._checkpoint(STEP_FAILED, {
-                    "pos": pos, "name": label, "attempts": attempts, "error": info,
+                    "pos": pos, "name": label, "args": digest, "attempts": attempts,
+                    "error": info,
                 })
                 raise StepFailed(label, info["type"], info["message"]) from exc
             self.steps_run += 1
             await self._checkpoint(STEP_COMPLETED, {
-                "pos": pos, "name": label, "attempts": attempts, "result": result,
+                "pos": pos, "name": label, "args": digest, "attempts": attempts,
+                "result": result,
             })
             return cast(Any, result)
 
@@ -374,11 +439,15 @@ class Context:
             return await value
         return value
 
-    def _replay(self, pos: int, label: str, recorded: HistoryEvent) -> Any:
+    def _replay(self, pos: int, label: str, digest: str | None, recorded: HistoryEvent) -> Any:
         data = recorded.data
         recorded_name = str(data.get("name"))
         if recorded_name != label:
             raise self._diverged(pos, f"step {recorded_name}", f"step {label}")
+        was = data.get("args")
+        if was is not None and digest is not None and was != digest:
+            raise self._diverged(pos, f"step {label} with arguments {was}",
+                                 f"step {label} with other arguments ({digest})")
         if recorded.kind == STEP_FAILED:
             err = data.get("error") or {}
             raise StepFailed(label, str(err.get("type")), str(err.get("message")))
@@ -390,8 +459,12 @@ class Context:
         run stops (ExecutionInterrupted, which workflow code cannot swallow): an
         infrastructure error is never the workflow's own error."""
         pending = [*self._unwritten, (kind, data)]
+        children = list(self._unwritten_children)
 
         async def write() -> TransitionResult:
+            if children:
+                return await self._store.execution_spawn_if_owned(self._claim, children,
+                                                                  pending)
             if len(pending) == 1:
                 if self._checkpoint_one is not None:
                     return await self._checkpoint_one(self._claim, kind, data)
@@ -400,6 +473,7 @@ class Context:
 
         outcome = await self._retrying(write)
         self._unwritten.clear()
+        self._unwritten_children.clear()
         if not outcome.applied:
             # fenced out: someone else owns the execution now; stop without writing more
             self.interrupt("lease_lost")
@@ -456,7 +530,7 @@ class Context:
         seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
         if not math.isfinite(seconds) or seconds < 0:
             raise ValueError("sleep duration must be a finite number of seconds, 0 or more")
-        await self._sleep(None, timedelta(seconds=seconds))
+        await self._sleep(None, seconds)
 
     async def sleep_until(self, when: datetime) -> None:
         """Sleep durably until ``when`` (timezone-aware)."""
@@ -464,16 +538,23 @@ class Context:
             raise ValueError("sleep_until needs a timezone-aware time")
         await self._sleep(when, None)
 
-    async def _sleep(self, when: datetime | None, duration: timedelta | None) -> None:
+    async def _sleep(self, when: datetime | None, seconds: float | None) -> None:
         self._check()
         pos = self._next_position()
-        recorded = self._recorded(pos, (SLEEP_STARTED,), "sleep")
+        request: dict[str, JSON] = (
+            {"seconds": seconds} if seconds is not None
+            else {"when": when.isoformat() if when else None})
+        call = describe_sleep(seconds, request.get("when"))
+        recorded = self._recorded(pos, (SLEEP_STARTED,), call)
         events: list[tuple[str, JSON]] = []
         if recorded is not None:
+            if not _same_sleep(recorded.data, seconds, when):
+                raise self._diverged(pos, describe(recorded), call)
             until = datetime.fromisoformat(str(recorded.data["until"]))
         else:
-            until = when if when is not None else self._estimate_now() + (duration or timedelta())
-            events.append((SLEEP_STARTED, {"pos": pos, "until": until.isoformat()}))
+            until = (when if when is not None
+                     else self._estimate_now() + timedelta(seconds=seconds or 0))
+            events.append((SLEEP_STARTED, {"pos": pos, "until": until.isoformat(), **request}))
         if until <= self._estimate_now():
             if events:
                 self._unwritten.extend(events)
@@ -483,6 +564,8 @@ class Context:
     async def _block(
         self, wake_at: datetime | None, seen: int, events: list[tuple[str, JSON]], reason: str
     ) -> NoReturn:
+        if self._unwritten_children:
+            await self._flush()  # the block statement writes events, not executions
         pending = [*self._unwritten, *events]
         outcome = await self._retrying(lambda: self._store.execution_block_if_owned(
             self._claim, wake_at=wake_at, seen_signal=seen, events=pending, reason=reason))
@@ -509,37 +592,52 @@ class Context:
             raise ChildFailed(outcome)
         return outcome.result
 
-    async def schedule(
+    def schedule(
         self, ffqn: str, *params: Any, execution_id: uuid.UUID | str | None = None
-    ) -> uuid.UUID:
+    ) -> Scheduled:
         """Create a top-level execution (not a child: nothing waits for it, cancelling this
-        one does not touch it), recorded so that a replay never creates it twice."""
+        one does not touch it), recorded so that a replay never creates it twice. Returns
+        its id at once; the execution is created with this workflow's next durable write
+        (or its end), in the same transaction as the record. ``await ctx.schedule(...)``
+        writes it before going on."""
         self._check()
         validate_ffqn_for_workflow(ffqn)
-        pos = self._next_position()
-        recorded = self._recorded(pos, (SCHEDULED,), f"schedule {ffqn}")
-        if recorded is not None:
-            if recorded.data.get("ffqn") != ffqn:
-                raise self._diverged(pos, describe(recorded), f"schedule {ffqn}")
-            return uuid.UUID(str(recorded.data["execution_id"]))
-        if execution_id is None:
-            new_id = uuid.uuid5(self.execution_id, f"schedule:{pos}")
-        else:
-            new_id = execution_id if isinstance(execution_id, uuid.UUID) else uuid.UUID(
-                execution_id)
+        if execution_id is not None and not isinstance(execution_id, uuid.UUID):
+            execution_id = uuid.UUID(execution_id)  # ValueError for a malformed id
         values = to_json_value(list(params), f"the parameters of {ffqn}")
-        await self._spawn(
-            NewExecution(ffqn=ffqn, params=values, deployment_id=self.deployment_id, id=new_id),
-            (SCHEDULED, {"pos": pos, "execution_id": str(new_id), "ffqn": ffqn,
-                         "params": values}),
-        )
-        return new_id
+        pos = self._next_position()
+        call = describe_spawn("schedule", ffqn, values)
+        recorded = self._recorded(pos, (SCHEDULED,), call)
+        if recorded is not None:
+            self._same_spawn(pos, recorded, ffqn, values, call)
+            return Scheduled(uuid.UUID(str(recorded.data["execution_id"])), None)
+        new_id = execution_id or uuid.uuid5(self.execution_id, f"schedule:{pos}")
+        self._unwritten_children.append(
+            NewExecution(ffqn=ffqn, params=values, deployment_id=self.deployment_id, id=new_id))
+        self._unwritten.append((SCHEDULED, {"pos": pos, "execution_id": str(new_id),
+                                            "ffqn": ffqn, "params": values}))
+        return Scheduled(new_id, self)
+
+    def _same_spawn(self, pos: int, recorded: HistoryEvent, ffqn: str, params: JSON,
+                    call: str) -> None:
+        """A recorded child or schedule is the same call: same name, same parameters."""
+        data = recorded.data
+        if data.get("ffqn") != ffqn or ("params" in data and data["params"] != params):
+            raise self._diverged(pos, describe(recorded), call)
+
+    async def settle(self) -> None:
+        """Write what this run recorded that others depend on (executions it scheduled
+        without awaiting them). The worker calls it before it completes or fails the run."""
+        if self._unwritten_children:
+            await self._flush()
 
     async def _spawn(self, child: NewExecution, event: tuple[str, JSON]) -> None:
         pending = [*self._unwritten, event]
+        children = [*self._unwritten_children, child]
         outcome = await self._retrying(
-            lambda: self._store.execution_spawn_if_owned(self._claim, [child], pending))
+            lambda: self._store.execution_spawn_if_owned(self._claim, children, pending))
         self._unwritten.clear()
+        self._unwritten_children.clear()
         if not outcome.applied:
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")
@@ -547,16 +645,16 @@ class Context:
     async def _submit_child(self, js: JoinSet, ffqn: str, params: list[Any]) -> uuid.UUID:
         self._check()
         validate_ffqn_for_workflow(ffqn)
+        values = to_json_value(params, f"the parameters of {ffqn}")
         pos = self._next_position()
-        recorded = self._recorded(pos, (CHILD_SUBMITTED,), f"submit {ffqn}")
+        call = describe_spawn("submit", ffqn, values)
+        recorded = self._recorded(pos, (CHILD_SUBMITTED,), call)
         if recorded is not None:
-            if recorded.data.get("ffqn") != ffqn:
-                raise self._diverged(pos, describe(recorded), f"submit {ffqn}")
+            self._same_spawn(pos, recorded, ffqn, values, call)
             child_id = uuid.UUID(str(recorded.data["child_id"]))
             js.submitted.append(child_id)
             return child_id
         child_id = uuid.uuid5(self.execution_id, f"child:{pos}")
-        values = to_json_value(params, f"the parameters of {ffqn}")
         await self._spawn(
             NewExecution(ffqn=ffqn, params=values, deployment_id=self.deployment_id,
                          id=child_id, parent_id=self.execution_id, join_set=js.name),
@@ -644,9 +742,11 @@ class Context:
 
     async def _flush(self) -> None:
         pending = list(self._unwritten)
+        children = list(self._unwritten_children)
         outcome = await self._retrying(
-            lambda: self._store.execution_spawn_if_owned(self._claim, [], pending))
+            lambda: self._store.execution_spawn_if_owned(self._claim, children, pending))
         self._unwritten.clear()
+        self._unwritten_children.clear()
         if not outcome.applied:
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")

@@ -427,11 +427,13 @@ class Worker:
             if ctx.nondeterminism is not None:  # whatever the workflow made of it
                 await self._fail(claim, workflow_error("nondeterminism", ctx.nondeterminism))
                 return
+            await ctx.settle()  # what it scheduled before failing is kept
             await self._fail_with(claim, wf, limit, exc)
             return
         if ctx.nondeterminism is not None:  # swallowed by the workflow: still a failure
             await self._fail(claim, workflow_error("nondeterminism", ctx.nondeterminism))
             return
+        await ctx.settle()
         await self._complete(claim, value)
 
     async def _fail_with(self, claim: Claim, wf: WorkflowDef, limit: asyncio.Timeout,
