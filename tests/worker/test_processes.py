@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import glob
+import importlib.util
 import sqlite3
 import subprocess
 import time
@@ -437,9 +438,15 @@ async def test_polling_runs_what_notifications_would_have(
 # -- 6. the database clock --------------------------------------------------------------------
 
 def find_libfaketime() -> str | None:
-    """libfaketime's preload library (Debian/Ubuntu package ``faketime``). It is preloaded
-    into the worker directly, not through the ``faketime`` wrapper, whose kill -9 would
-    leave the real worker running."""
+    """libfaketime's preload library: the one the ``libfaketime`` package (a development
+    dependency) builds, else the Debian/Ubuntu package ``faketime``'s. It is preloaded into
+    the worker directly, not through the ``faketime`` wrapper, whose kill -9 would leave
+    the real worker running."""
+    spec = importlib.util.find_spec("libfaketime")
+    if spec is not None and spec.origin is not None:
+        bundled = Path(spec.origin).parent / "vendor" / "libfaketime" / "src" / "libfaketime.so.1"
+        if bundled.is_file():
+            return str(bundled)
     for pattern in ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib*/faketime/libfaketime.so.1",
                     "/usr/local/lib*/faketime/libfaketime.so.1"):
         found = sorted(glob.glob(pattern))
@@ -458,9 +465,10 @@ async def test_leases_follow_the_database_clock(
 ) -> None:
     """A worker whose local clock is far off leases by the database's clock.
 
-    What this proves: with libfaketime preloaded (Debian package ``faketime``; the case is
-    skipped, visibly, where it is not installed) the worker's wall clock is two days behind
-    or ahead, for Python and its C libraries alike (the test checks its log timestamps);
+    What this proves: with libfaketime preloaded (the ``libfaketime`` development
+    dependency or Debian's ``faketime``; skipped, visibly, where neither is installed) the
+    worker's wall clock is two days behind or ahead, for Python and its C libraries alike
+    (the test checks its log timestamps);
     every lease it takes and renews still ends TTL after the database's ``now()``; its
     fenced writes are accepted (a lease computed from a clock 2 days behind would be over
     at once, and every write refused); and after kill -9, recovery takes the execution
@@ -475,7 +483,8 @@ async def test_leases_follow_the_database_clock(
     env = {"TZ": "Pacific/Kiritimati"}
     if skew != "tz":
         if LIBFAKETIME is None:
-            missing("libfaketime is not installed (apt-get install faketime)")
+            missing("libfaketime is not installed (pip install libfaketime, or apt-get install "
+                    "faketime)")
         # only the wall clock is off, as on a machine whose clock is wrong
         env.update({"LD_PRELOAD": LIBFAKETIME, "FAKETIME": skew,
                     "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
