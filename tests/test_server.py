@@ -3,6 +3,7 @@ the API over real HTTP, logs JSON, and stops cleanly (exit 0) on SIGTERM and SIG
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import pytest
 
 from tests.api.conftest import stable
 from tests.conftest import run_async
+from tests.worker._procs import Processes, WorkerProcess, wait_until
 
 APP = "veracity.examples.shop:app"
 ORDERS = "shop:orders/process.run"
@@ -107,10 +109,11 @@ def server_env(database_url: str, port: int, **extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def server_process(tmp_path: Path, env: dict[str, str], port: int) -> Iterator[Server]:
+def server_process(tmp_path: Path, env: dict[str, str], port: int,
+                   args: Sequence[str] = ()) -> Iterator[Server]:
     out, err = tmp_path / "server.out", tmp_path / "server.err"
     with out.open("wb") as stdout, err.open("wb") as stderr:
-        proc = subprocess.Popen([VERACITY, "server"], env=env, cwd=tmp_path,
+        proc = subprocess.Popen([VERACITY, "server", *args], env=env, cwd=tmp_path,
                                 stdout=stdout, stderr=stderr)
     try:
         yield Server(proc, port, out, err)
@@ -179,7 +182,7 @@ def test_server_serves_and_stops_cleanly(
             assert missing.json()["error"]["code"] == "not_found"
             bad = client.post("/v1/executions", content=b"{nope",
                               headers={"content-type": "application/json"})
-            assert bad.status_code == 400
+            assert bad.status_code == 422
             assert bad.json()["error"]["code"] == "malformed_json"
             docs = client.get("/openapi.json")
             assert "/v1/executions" in docs.json()["paths"]
@@ -234,3 +237,163 @@ def test_server_with_an_invalid_config_file_fails_fast(tmp_path: Path) -> None:
     assert "Traceback" not in err, err
     assert err.startswith("error: veracity.toml:2"), err
     assert "http://" not in server.stdout()
+
+
+# -- the server's own worker and its lease recovery, with the test App -------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TEST_APP = "tests.workflows:app"
+
+
+def app_env(database_url: str, port: int, **extra: str) -> dict[str, str]:
+    """The server's environment with the test App (importable from the repository root)."""
+    return server_env(database_url, port, VERACITY_APP=TEST_APP,
+                      PYTHONPATH=str(REPO_ROOT), **extra)
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str,
+             describe: Callable[[], str] | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            extra = f"\n{describe()}" if describe is not None else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} "
+                                 f"(last: {got!r}){extra}")
+        time.sleep(0.05)
+
+
+def test_sqlite_server_runs_executions_with_its_in_process_worker(tmp_path: Path) -> None:
+    """``veracity server`` on SQLite, without --worker/--no-worker: the embedded setup. It
+    runs what is submitted over HTTP with a worker in its own process."""
+    database_url = f"sqlite:///{tmp_path}/embedded.db"  # brand-new: migrated at start
+    port = free_port()
+    with server_process(tmp_path, app_env(database_url, port), port) as server:
+        server.wait_healthy()
+        with httpx.Client(base_url=server.url, timeout=5.0) as client:
+            value = {"hello": ["world", 1, None], "pid": server.proc.pid}
+            echo = client.post("/v1/executions",
+                               json={"ffqn": "test:echo/run.fn", "params": [value]})
+            ticker = client.post("/v1/executions",
+                                 json={"ffqn": "test:ticker/tick.run", "params": [5]})
+            assert echo.status_code == 201 and ticker.status_code == 201, (echo, ticker)
+
+            def ended(ident: str) -> dict[str, Any] | None:
+                body: dict[str, Any] = client.get(f"/v1/executions/{ident}").json()
+                return body if body["status"] in ("completed", "failed") else None
+
+            echoed = wait_for(lambda: ended(echo.json()["id"]), 10, "the echo to end",
+                              server.stderr)
+            ticked = wait_for(lambda: ended(ticker.json()["id"]), 10, "the ticker to end",
+                              server.stderr)
+            assert (echoed["status"], echoed["result"]) == ("completed", value), echoed
+            assert (ticked["status"], ticked["result"]) == ("completed", sum(range(5))), ticked
+            assert echoed["attempt"] == 1 and echoed["lease_owner"] is None
+
+            # the one worker that ran them is the server's own (its pid), and is live
+            workers = client.get("/v1/workers").json()["items"]
+            assert [(w["pid"], w["live"]) for w in workers] == [(server.proc.pid, True)], workers
+            for body in (echoed, ticked):
+                items = client.get(f"/v1/executions/{body['id']}/history").json()["items"]
+                runners = [e["data"]["owner"] for e in items if e["kind"] == "running"]
+                assert runners == [workers[0]["id"]], items
+                assert items[-1]["kind"] == "completed", items
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=STOP_TIMEOUT) == 0, server.stderr()
+    records = server.log_lines()
+    started = next(r for r in records if r.get("message") == "started")
+    assert started["worker"] == workers[0]["id"], started
+    assert "Traceback" not in server.stderr()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+async def test_server_recovers_the_execution_of_a_killed_worker(
+    tmp_path: Path, database_url: str, procs: Processes
+) -> None:
+    """Lease recovery wired into ``veracity server`` (no test calls ``run_once``): a worker
+    killed with -9 mid-run leaves an expired lease; the server's recovery, every 0.5 s, puts
+    the execution back to pending (attempt 2) and a second worker finishes it from its
+    checkpoints."""
+    marks = tmp_path / "marks.txt"
+    n_steps = 6
+    port = free_port()
+    env = app_env(database_url, port, VERACITY_RECOVERY_INTERVAL="0.5")
+    with server_process(tmp_path, env, port, ["--no-worker"]) as server:
+        await asyncio.to_thread(server.wait_healthy)
+        a = procs.worker(database_url, "A")  # lease TTL 1.5 s (tests.worker._procs)
+        a_id = await worker_registered(a)
+        async with httpx.AsyncClient(base_url=server.url, timeout=5.0) as client:
+            created = await client.post("/v1/executions", json={
+                "ffqn": "test:steps/run.fn", "params": [str(marks), n_steps, 0.2]})
+            assert created.status_code == 201, created.text
+            ident = created.json()["id"]
+            lines = [f"{ident}:{i}" for i in range(n_steps)]
+
+            def steps_done() -> int:
+                return len(marks.read_text().splitlines()) if marks.exists() else 0
+
+            await wait_until(lambda: steps_done() >= 2, 15, what="two steps",
+                             describe=procs.describe)
+            a.kill9()
+            at_kill = steps_done()
+            assert at_kill < n_steps, "A finished before it was killed"
+
+            async def get() -> dict[str, Any]:
+                body: dict[str, Any] = (await client.get(f"/v1/executions/{ident}")).json()
+                return body
+
+            async def recovered() -> dict[str, Any] | None:
+                body = await get()
+                return body if body["status"] != "running" else None
+
+            # nobody else runs it: only the server's recovery can move it
+            back = await wait_until(recovered, 10, what="the server to recover it",
+                                    describe=lambda: server.stderr()[-3000:])
+            assert back["status"] == "pending" and back["attempt"] == 2, back
+            assert back["lease_owner"] is None, back
+
+            b = procs.worker(database_url, "B")
+            b_id = await worker_registered(b)
+
+            async def completed() -> dict[str, Any] | None:
+                body = await get()
+                return body if body["status"] == "completed" else None
+
+            done = await wait_until(completed, 15, what="B to finish it",
+                                    describe=procs.describe)
+            assert done["result"] == lines and done["attempt"] == 2, done
+            items = (await client.get(f"/v1/executions/{ident}/history")).json()["items"]
+            expired = [e for e in items if e["kind"] == "pending"
+                       and e["data"].get("reason") == "lease expired"]
+            assert len(expired) == 1 and expired[0]["data"]["owner"] == a_id, items
+            assert [e["data"]["owner"] for e in items if e["kind"] == "running"] == [a_id, b_id]
+            # resumed from A's checkpoints: B ran only the steps A had not checkpointed
+            counts = marks.read_text().splitlines()
+            assert all(counts.count(line) in (1, 2) for line in lines), counts
+            assert sum(counts.count(line) - 1 for line in lines) <= 1, counts
+            metrics = (await client.get("/metrics")).text
+            assert 'veracity_recovery_actions_total{action="retry"} 1.0' in metrics, metrics
+        b.terminate()
+        assert await b.wait(10) == 0, b.describe()
+        server.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(server.proc.wait, STOP_TIMEOUT) == 0, server.stderr()
+    said = [r for r in server.log_lines() if r.get("logger") == "veracity.recovery"
+            and r.get("execution_id") == ident]
+    assert [(r["message"], r["previous_owner"], r["attempt"]) for r in said] == [
+        ("lease expired: retry", a_id, 2)], said
+    records = server.log_lines()
+    started = next(r for r in records if r.get("message") == "started")
+    assert started["worker"] is None, started  # --no-worker: it ran nothing itself
+
+
+async def worker_registered(w: WorkerProcess) -> str:
+    def registered() -> str | None:
+        assert w.alive, w.describe()
+        return w.worker_id()
+
+    found = await wait_until(registered, 15, what=f"{w.name} to register", describe=w.describe)
+    assert found is not None
+    return found

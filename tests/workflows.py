@@ -198,3 +198,18 @@ async def ticker_plain(ctx: Context, n: int) -> int:
     for i in range(n):
         total += await ctx.step(_tick, i)
     return total
+
+
+async def _mark_now(path: str, line: str) -> str:
+    mark(path, line)
+    return line
+
+
+@app.workflow("test:lastwrite/run.fn")
+async def last_write(ctx: Context, marks: str, seconds: float) -> str:
+    """One quick checkpointed step, then a plain ``asyncio.sleep`` in the workflow body (not
+    a step, not durable) before returning: a worker stopped during that sleep has only its
+    completion left to write. The result names the process that completed it."""
+    await ctx.step(_mark_now, marks, f"{ctx.execution_id}:step")
+    await asyncio.sleep(seconds)
+    return f"completed by pid {os.getpid()}"

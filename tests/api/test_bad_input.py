@@ -15,8 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 from tests.api.conftest import MAX_PAYLOAD, count_executions, stable
+from veracity.api import create_api
+from veracity.service import ExecutionService
 from veracity.store import Store
 
 ORDERS = "shop:orders/process.run"
@@ -99,11 +103,11 @@ def body_with(**fields: Any) -> dict[str, Any]:
 
 POST_CASES: dict[str, Case] = {
     # malformed JSON
-    "truncated-json": (raw(b'{"ffqn": "shop:orders/process.run", "params": ['), 400,
+    "truncated-json": (raw(b'{"ffqn": "shop:orders/process.run", "params": ['), 422,
                        "malformed_json"),
-    "trailing-garbage": (raw(b'{"ffqn": "shop:orders/process.run"} x'), 400, "malformed_json"),
-    "single-quotes": (raw(b"{'ffqn': 'shop:orders/process.run'}"), 400, "malformed_json"),
-    "not-utf8": (raw(b'{"ffqn": "\xff\xfe"}'), 400, None),
+    "trailing-garbage": (raw(b'{"ffqn": "shop:orders/process.run"} x'), 422, "malformed_json"),
+    "single-quotes": (raw(b"{'ffqn': 'shop:orders/process.run'}"), 422, "malformed_json"),
+    "not-utf8": (raw(b'{"ffqn": "\xff\xfe"}'), 422, "malformed_json"),
     # not an object
     "array-body": ({"json": [ORDERS, ["o-1"]]}, 422, None),
     "string-body": ({"json": "shop:orders/process.run"}, 422, None),
@@ -181,6 +185,85 @@ async def test_bad_submissions_are_refused_and_write_nothing(
     await check_cases(client, store, "POST", "/v1/executions", POST_CASES)
     got = await client.get(f"/v1/executions/{seeded['id']}")
     assert stable(got.json()) == stable(seeded)
+
+
+# every endpoint that takes a body: (method, path with {id} for the seeded execution)
+BODY_ENDPOINTS = [
+    ("POST", "/v1/executions"),
+    ("POST", "/v1/executions/{id}/messages"),
+    ("POST", "/v1/executions/{id}/complete"),
+    ("POST", "/v1/executions/{id}/fail"),
+    ("PUT", "/v1/executions/{id}/resolve"),
+]
+
+NOT_JSON: dict[str, bytes] = {
+    "truncated": b'{"topic": "t", "payload": [',
+    "unclosed-object": b"{",
+    "trailing-garbage": b'{"topic": "t"} x',
+    "two-documents": b'{"topic": "t"}{"topic": "t"}',
+    "single-quotes": b"{'topic': 't'}",
+    "trailing-comma": b'{"topic": "t",}',
+    "unquoted-key": b"{topic: 1}",
+    "bare-word": b"nope",
+    "not-utf8": b'{"topic": "\xff\xfe"}',
+    "latin-1": '{"topic": "caf\u00e9"}'.encode("latin-1"),
+    "utf16-bom-only": b"\xff\xfe",
+    "nul-byte": b'{"topic": "t"}\x00',
+}
+
+
+def test_the_body_endpoint_list_is_complete(api: FastAPI) -> None:
+    """Every route that reads a body is in BODY_ENDPOINTS (a new one must be added)."""
+    with_body = {
+        (method, route.path.replace("{execution_id}", "{id}"))
+        for route in api.routes
+        if isinstance(route, APIRoute) and route.body_field is not None
+        for method in route.methods or ()
+    }
+    assert with_body == set(BODY_ENDPOINTS)
+
+
+async def test_a_body_that_is_not_json_is_422_on_every_endpoint(
+    client: httpx.AsyncClient, store: Store, seeded: dict[str, Any]
+) -> None:
+    seeded_id = uuid.UUID(seeded["id"])
+    history = await store.history_list(seeded_id)
+    failures: list[str] = []
+    for method, path in BODY_ENDPOINTS:
+        url = path.format(id=seeded["id"])
+        cases: dict[str, Case] = {
+            f"{method} {path} {name}": (raw(body), 422, "malformed_json")
+            for name, body in NOT_JSON.items()
+        }
+        # a charset parameter or a +json type is still JSON
+        cases[f"{method} {path} charset"] = (
+            {"content": b"{", "headers": {"content-type": "application/json; charset=utf-8"}},
+            422, "malformed_json")
+        cases[f"{method} {path} problem+json"] = (
+            {"content": b"{", "headers": {"content-type": "application/problem+json"}},
+            422, "malformed_json")
+        try:
+            await check_cases(client, store, method, url, cases)
+        except AssertionError as exc:
+            failures.append(str(exc))
+    assert not failures, "\n".join(failures)
+    assert await store.history_list(seeded_id) == history
+    assert await count_executions(store) == 1
+
+
+async def test_a_body_nested_too_deeply_to_parse_is_422(
+    service: ExecutionService, store: Store
+) -> None:
+    # past the JSON parser's recursion limit (about 1000 levels), under the size limit
+    api = create_api(service, max_payload_bytes=200_000)
+    transport = httpx.ASGITransport(app=api, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        for depth in (5_000, 50_000):
+            body = b'{"ffqn": "shop:orders/process.run", "params": ' + b"[" * depth
+            body += b"]" * depth + b"}"
+            response = await client.post("/v1/executions", content=body, headers=JSON_HEADERS)
+            assert_error(response, 422, "invalid_json")
+    assert await count_executions(store) == 0
 
 
 async def test_payload_over_the_limit_with_content_length(

@@ -14,11 +14,14 @@ import subprocess
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tests.api._workers import register_workers
 from tests.api.conftest import stable
 from tests.conftest import run_async
+from veracity.cli.output import fmt_time
 
 APP = "veracity.examples.shop:app"
 ORDERS = "shop:orders/process.run"
@@ -224,10 +227,23 @@ def test_errors_and_exit_codes(sqlite_url: str, tmp_path: Path) -> None:
         "bad-toml": call("list", cwd=bad_toml),
         "bad-value": call("list", cwd=bad_value),
         "bad-url": call("list", VERACITY_DATABASE_URL="mysql://x/y"),
+        # params over max_payload_bytes: a configured limit, and the default (1 MiB) in
+        # arguments each under the kernel's 128 KiB limit for one argument
+        "params-over-limit": call("submit", ORDERS, json.dumps("x" * 1100),
+                                  VERACITY_MAX_PAYLOAD_BYTES="1024"),
+        "params-json-over-limit": call("submit", ORDERS, "--params",
+                                       json.dumps(["o-1", "x" * 1100]),
+                                       VERACITY_MAX_PAYLOAD_BYTES="1024"),
+        "params-over-default-limit": call("submit", ORDERS,
+                                          *[json.dumps("x" * 120_000)] * 9),
         # exit 2: usage
         "unknown-option": call("list", "--bogus"),
         "unknown-command": call("frobnicate"),
         "limit-0": call("list", "--limit", "0"),
+        "limit-1001": call("list", "--limit", "1001"),
+        "workers-limit-0": call("workers", "--limit", "0"),
+        "workers-limit-1001": call("workers", "--limit", "1001"),
+        "workers-limit-abc": call("workers", "--limit", "abc"),
         "non-json-param": call("submit", ORDERS, "o-1"),
         "params-not-array": call("submit", ORDERS, "--params", '{"order_id": "o-1"}'),
         "params-and-args": call("submit", ORDERS, '"o-1"', "--params", '["o-1"]'),
@@ -248,10 +264,18 @@ def test_errors_and_exit_codes(sqlite_url: str, tmp_path: Path) -> None:
     assert_failure(results["bad-toml"], "veracity.toml:2")
     assert_failure(results["bad-value"], "veracity.toml:4", "concurrency")
     assert_failure(results["bad-url"], "mysql")
+    assert_failure(results["params-over-limit"], "params is 1104 bytes", "limit is 1024")
+    assert_failure(results["params-json-over-limit"], "params is 1110 bytes", "limit is 1024")
+    assert_failure(results["params-over-default-limit"], "params", "limit is 1048576")
 
     assert_usage_error(results["unknown-option"], "--bogus")
     assert_usage_error(results["unknown-command"], "frobnicate")
-    assert_usage_error(results["limit-0"], "--limit")
+    assert_usage_error(results["limit-0"], "--limit", "0 is not in the range 1<=x<=1000")
+    assert_usage_error(results["limit-1001"], "--limit",
+                       "1001 is not in the range 1<=x<=1000")
+    assert_usage_error(results["workers-limit-0"], "--limit", "1<=x<=1000")
+    assert_usage_error(results["workers-limit-1001"], "--limit", "1<=x<=1000")
+    assert_usage_error(results["workers-limit-abc"], "--limit", "abc")
     assert_usage_error(results["non-json-param"], "o-1")
     assert_usage_error(results["params-not-array"], "--params")
     assert_usage_error(results["params-and-args"])
@@ -263,6 +287,66 @@ def test_errors_and_exit_codes(sqlite_url: str, tmp_path: Path) -> None:
 
     # nothing was written by any of the failures
     assert run_async(_count(sqlite_url)) == 0
+
+
+WORKER_COLUMNS = ["ID", "LIVE", "HOST", "PID", "DEPLOYMENT", "CONCURRENCY", "STARTED AT",
+                  "LAST HEARTBEAT", "STOPPED AT", "WORKFLOWS"]
+
+
+def table_rows(output: str, columns: list[str]) -> list[dict[str, str]]:
+    """The rows of a table whose header line names ``columns`` in order (cells are
+    left-aligned under their header; headers may contain a space)."""
+    header, *lines = output.splitlines()
+    starts = [header.index(c) for c in columns]
+    assert starts == sorted(starts) and header.split() == " ".join(columns).split(), header
+    bounds = [*starts[1:], None]
+    return [{c: line[a:b].strip() for c, a, b in zip(columns, starts, bounds, strict=True)}
+            for line in lines]
+
+
+def test_workers_lists_registered_workers(database_url: str, tmp_path: Path) -> None:
+    env = base_env(database_url)
+    empty = run_all({"table": (["workers"], env, tmp_path),
+                     "json": (["workers", "--json"], env, tmp_path)})
+    assert table_rows(ok(empty["table"]), WORKER_COLUMNS) == []
+    assert ok_json(empty["json"]) == {"items": [], "next_cursor": None}
+
+    registered = run_async(register_workers(database_url))
+    results = run_all({
+        "table": (["workers"], env, tmp_path),
+        "json": (["workers", "--json"], env, tmp_path),
+        "limited": (["workers", "--json", "--limit", "1"], env, tmp_path),
+    })
+
+    rows = table_rows(ok(results["table"]), WORKER_COLUMNS)
+    assert [r["ID"] for r in rows] == [w.info.id for w in registered]
+    for row, w in zip(rows, registered, strict=True):
+        assert row["LIVE"] == ("yes" if w.live else "no"), row
+        assert row["HOST"] == w.info.host, row
+        assert row["PID"] == str(w.info.pid), row
+        assert row["DEPLOYMENT"] == w.info.deployment_id, row
+        assert row["CONCURRENCY"] == str(w.info.concurrency), row
+        assert row["STARTED AT"] == fmt_time(w.started_at), row
+        assert row["LAST HEARTBEAT"] == fmt_time(w.started_at), row
+        assert row["STOPPED AT"] == fmt_time(w.stopped_at), row
+        assert row["WORKFLOWS"] == ", ".join(w.info.ffqns), row
+
+    listed = ok_json(results["json"])
+    assert set(listed) == {"items", "next_cursor"} and listed["next_cursor"] is None
+    assert [i["id"] for i in listed["items"]] == [w.info.id for w in registered]
+    for item, w in zip(listed["items"], registered, strict=True):
+        assert set(item) == {"id", "host", "pid", "deployment_id", "workflows", "concurrency",
+                             "started_at", "last_heartbeat", "stopped_at", "live"}, item
+        assert (item["host"], item["pid"], item["deployment_id"], item["workflows"],
+                item["concurrency"], item["live"]) == (
+            w.info.host, w.info.pid, w.info.deployment_id, w.info.ffqns,
+            w.info.concurrency, w.live)
+        assert datetime.fromisoformat(item["started_at"]) == w.started_at
+        assert datetime.fromisoformat(item["last_heartbeat"]) == w.started_at
+        stopped = item["stopped_at"]
+        assert (datetime.fromisoformat(stopped) if stopped else None) == w.stopped_at
+
+    assert [i["id"] for i in ok_json(results["limited"])["items"]] == ["w-live"]
 
 
 def test_help_lists_the_commands(tmp_path: Path) -> None:

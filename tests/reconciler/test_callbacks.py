@@ -205,7 +205,7 @@ async def test_body_over_the_payload_limit_is_413(
 
 
 MALFORMED_COMPLETE: list[tuple[bytes, int]] = [
-    (b"{not json", 400),
+    (b"{not json", 422),
     (b"", 422),
     (b"[]", 422),
     (b'{"results": 1}', 422),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -41,6 +42,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
+HEALTH_TIMEOUT = 5.0
+"""Seconds ``/healthz`` waits for the database: a database that does not answer is a 503
+then, not a request left waiting for the connection pool's own timeout (30 s)."""
+
 
 async def _service(request: Request) -> ExecutionService:
     # async on purpose: FastAPI runs plain-def dependencies in a thread pool
@@ -74,6 +79,7 @@ def create_api(
     max_payload_bytes: int = 1_048_576,
     lifespan: Lifespan | None = None,
     registry: CollectorRegistry | None = None,
+    health_timeout: float = HEALTH_TIMEOUT,
 ) -> FastAPI:
     """The API. Pass a ready ``service``, or a ``lifespan`` that puts one on
     ``app.state.service`` at start (the server does that, to open the store there)."""
@@ -96,7 +102,11 @@ def create_api(
     @app.get("/healthz", response_model=Health, responses={503: {"model": ErrorOut}})
     async def healthz(service: Service) -> Health | JSONResponse:
         try:
-            await service.store.ping()
+            await asyncio.wait_for(service.store.ping(), health_timeout)
+        except TimeoutError:
+            return error_response(
+                503, "database_unavailable",
+                f"database check failed: no answer within {health_timeout:g} s")
         except Exception as exc:
             return error_response(503, "database_unavailable", f"database check failed: {exc}")
         return Health(status="ok", database="ok", backend=service.store.backend)

@@ -1,5 +1,9 @@
 """Every error the API answers is ``{"error": {"code", "message"}}`` with a 4xx status:
-never a stack trace, and a 500 only for a bug (logged with its trace)."""
+never a stack trace, and a 500 only for a bug (logged with its trace).
+
+A request body that is not JSON (bad syntax, not UTF-8) is ``422 malformed_json`` on every
+endpoint that takes one, the status of every other body that cannot be used.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +56,24 @@ def _allowed_methods(request: Request) -> set[str]:
     return methods
 
 
+MALFORMED_JSON = "the request body is not valid JSON"
+
+
+def _body_parse_error(exc: StarletteHTTPException) -> JSONResponse | None:
+    """FastAPI answers a JSON body it could not decode, for any reason other than a syntax
+    error, with a bare ``400 There was an error parsing the body`` raised from the cause.
+    Bytes that are not UTF-8 are not JSON text (RFC 8259, section 8.1); nesting too deep
+    for the parser is JSON this API does not take (the same as params nested too deeply)."""
+    if exc.status_code != 400:
+        return None
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return error_response(422, "malformed_json", f"{MALFORMED_JSON} (not UTF-8 text)")
+    if isinstance(cause, RecursionError):
+        return error_response(422, "invalid_json", "the request body is nested too deeply")
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(VeracityError)
     async def veracity_error(_: Request, exc: VeracityError) -> JSONResponse:
@@ -61,7 +83,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
         if any(e.get("type") == "json_invalid" for e in errors):
-            return error_response(400, "malformed_json", "the request body is not valid JSON")
+            return error_response(422, "malformed_json", MALFORMED_JSON)
         details = [
             {"field": ".".join(str(p) for p in e.get("loc", ())), "message": str(e.get("msg"))}
             for e in errors
@@ -71,6 +93,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if (parse_error := _body_parse_error(exc)) is not None:
+            return parse_error
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         headers = dict(exc.headers or {})
         if exc.status_code == 405:

@@ -197,9 +197,11 @@ def workers(config_path: str | None, database_url: str | None, app: str | None, 
                     "next_cursor": None})
         return
     print_table(
-        ["id", "live", "deployment", "concurrency", "last heartbeat", "workflows"],
-        [[v.record.id, "yes" if v.live else "no", v.record.deployment_id,
-          str(v.record.concurrency), fmt_time(v.record.last_heartbeat),
+        ["id", "live", "host", "pid", "deployment", "concurrency", "started at",
+         "last heartbeat", "stopped at", "workflows"],
+        [[v.record.id, "yes" if v.live else "no", v.record.host, str(v.record.pid),
+          v.record.deployment_id, str(v.record.concurrency), fmt_time(v.record.started_at),
+          fmt_time(v.record.last_heartbeat), fmt_time(v.record.stopped_at),
           short(", ".join(v.record.ffqns), 60)] for v in views],
     )
 
