@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -285,6 +286,13 @@ class TaggingRecorder:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.spans: list[Span] = []
+        self._open: dict[int, Span] = {}
+        """Requests under way (their ``end`` is meaningless), by request number."""
+        self._count = 0
+
+    def in_flight(self, tag: str) -> dict[int, Span]:
+        """The requests of ``tag`` under way now (not answered yet), by request number."""
+        return {n: span for n, span in list(self._open.items()) if span.tag == tag}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -298,10 +306,14 @@ class TaggingRecorder:
         scope = dict(scope, path=path, raw_path=path.encode())
         start = time.monotonic()
         ended: list[float] = []
+        self._count += 1
+        number = self._count
+        self._open[number] = Span(tag, scope["method"], path, start, math.inf)
 
         async def timed_send(message: Message) -> None:
             if message["type"] == "http.response.start" and not ended:
                 ended.append(time.monotonic())
+                self._open.pop(number, None)  # answered: no longer under way
             await send(message)
 
         try:
@@ -309,6 +321,23 @@ class TaggingRecorder:
         finally:
             end = ended[0] if ended else time.monotonic()
             self.spans.append(Span(tag, scope["method"], path, start, end))
+            self._open.pop(number, None)
+
+
+@dataclass
+class Tagged:
+    """A fake n8n served behind a :class:`TaggingRecorder` (fixture ``tagged``): give each
+    client ``f"{url}/s<N>"`` as its base_url to tell its requests apart."""
+
+    fake: FakeN8n
+    url: str
+    recorder: TaggingRecorder
+
+    def rig(self, store: Store, public_url: str = CLOSED_URL) -> Rig:
+        """A rig over ``store`` whose adapter reaches the fake untagged (not recorded under
+        any tag); close its engine when done."""
+        external = external_config(self.url, public_url)
+        return Rig(self.fake, self.url, store, external, N8nEngine(external.engines["n8n"]))
 
 
 # -- server processes -----------------------------------------------------------------------

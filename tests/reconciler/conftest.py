@@ -20,6 +20,8 @@ from tests.reconciler._support import (
     SLOW,
     V1,
     Rig,
+    Tagged,
+    TaggingRecorder,
     external_config,
     new_fake,
 )
@@ -27,7 +29,7 @@ from veracity.api import create_api
 from veracity.engines.n8n import N8nEngine
 from veracity.service import ExecutionService
 from veracity.store import Store, open_store
-from veracity.testing.fake_n8n import FakeN8n, running, serve_asgi_in_thread
+from veracity.testing.fake_n8n import FakeN8n, create_app, running, serve_asgi_in_thread
 
 
 @pytest.fixture
@@ -35,6 +37,18 @@ def fake(request: pytest.FixtureRequest) -> FakeN8n:
     """A fake n8n (1.x by default; parametrize indirectly with a version string)."""
     version: str = getattr(request, "param", V1)
     return new_fake(version)
+
+
+@pytest.fixture
+def tagged() -> Iterator[Tagged]:
+    """A fake n8n (1.x) served behind a recorder of every request's span, by URL prefix."""
+    fake = new_fake()
+    recorder = TaggingRecorder(create_app(fake))
+    url, stop = serve_asgi_in_thread(recorder, before_stop=fake.release_hangs)
+    try:
+        yield Tagged(fake, url, recorder)
+    finally:
+        stop()
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""A misconfigured engine or external workflow stops ``veracity server`` at once: exit 1,
-one line on stderr naming the entry at fault, no traceback, the port never bound."""
+"""A misconfigured engine or external workflow stops ``veracity server`` and ``veracity
+worker`` at once: exit 1, one line on stderr naming the entry at fault, no traceback, the
+port never bound, the database never opened."""
 
 from __future__ import annotations
 
@@ -107,6 +108,68 @@ async def test_the_good_configuration_starts(tmp_path: Path) -> None:
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 20)
         assert b"Veracity is serving" in line
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 20)
+
+
+@pytest.mark.parametrize(("toml", "env", "expected"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+async def test_misconfigured_engine_stops_the_worker_at_once(
+    tmp_path: Path, toml: str, env: dict[str, str | None], expected: list[str]
+) -> None:
+    config = tmp_path / "veracity.toml"
+    config.write_text(toml)
+    full = process_env(f"sqlite:///{tmp_path}/v.db", {**ENV, "VERACITY_CONFIG": str(config)})
+    for key, value in env.items():
+        if value is None:
+            full.pop(key, None)
+        else:
+            full[key] = value
+    proc = await asyncio.create_subprocess_exec(
+        VERACITY, "worker", env=full, cwd=str(tmp_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    stderr = err.decode()
+    assert proc.returncode == 1, (proc.returncode, stderr, out.decode())
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    for word in expected:
+        assert word in lines[0], (word, lines[0])
+    assert "Traceback" not in stderr and "secret" not in stderr
+    assert "Veracity worker" not in out.decode()
+    assert not (tmp_path / "v.db").exists(), "nothing may start before the check"
+
+
+async def test_the_worker_checks_before_waiting_for_the_database(tmp_path: Path) -> None:
+    """A worker waits patiently for an unreachable database; a misconfigured engine is
+    reported at once all the same, before any attempt to reach it."""
+    config = tmp_path / "veracity.toml"
+    config.write_text(GOOD)
+    full = process_env(f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere",
+                       {**ENV, "VERACITY_CONFIG": str(config)})
+    full.pop("N8N_API_KEY")
+    proc = await asyncio.create_subprocess_exec(
+        VERACITY, "worker", env=full, cwd=str(tmp_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    stderr = err.decode()
+    assert proc.returncode == 1, (proc.returncode, stderr, out.decode())
+    assert stderr.strip() == ("error: engines.n8n: api_key_env N8N_API_KEY is not set in the "
+                              "environment"), stderr
+
+
+async def test_the_good_configuration_starts_a_worker(tmp_path: Path) -> None:
+    config = tmp_path / "veracity.toml"
+    config.write_text(GOOD)
+    full = process_env(f"sqlite:///{tmp_path}/v.db", {**ENV, "VERACITY_CONFIG": str(config)})
+    proc = await asyncio.create_subprocess_exec(
+        VERACITY, "worker", env=full, cwd=str(tmp_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert b"Veracity worker" in line and b"running 2 workflows" in line, line
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 20)

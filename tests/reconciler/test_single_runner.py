@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +27,11 @@ from tests.reconciler._support import (
     SLOW,
     Rig,
     Span,
-    TaggingRecorder,
+    Tagged,
     config_toml,
     eventually,
     external_config,
     metric_value,
-    new_fake,
     server_processes,
     wait_status,
 )
@@ -41,27 +40,9 @@ from veracity.engines.n8n import N8nEngine
 from veracity.services._loop import run_forever
 from veracity.services.reconciler import ReconcilerMetrics, ReconcilerService
 from veracity.store import Store, open_store
-from veracity.testing.fake_n8n import FakeN8n, Script, create_app, serve_asgi_in_thread
+from veracity.testing.fake_n8n import Script
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@dataclass
-class Tagged:
-    fake: FakeN8n
-    url: str
-    recorder: TaggingRecorder
-
-
-@pytest.fixture
-def tagged() -> Iterator[Tagged]:
-    fake = new_fake()
-    recorder = TaggingRecorder(create_app(fake))
-    url, stop = serve_asgi_in_thread(recorder, before_stop=fake.release_hangs)
-    try:
-        yield Tagged(fake, url, recorder)
-    finally:
-        stop()
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from tests.reconciler._support import (
 )
 from veracity._logging import JsonFormatter
 from veracity.core.states import Status
+from veracity.services._loop import run_forever
 from veracity.testing.fake_n8n import FakeN8n, Script
 
 pytestmark = pytest.mark.timeout(90)
@@ -50,19 +51,25 @@ async def test_every_action_writes_a_json_log_line_with_domain_reconciler(
     acted = {(a.execution_id, a.kind) for a in result.actions}
     assert acted == {(finished.id, "terminate"), (breached.id, "terminate"),
                      (no_id, "flag"), (forgotten.id, "flag")}
+    assert result.stops_requested == 1  # the breached run: stopped, then terminated
     formatter = JsonFormatter()
     lines = [json.loads(formatter.format(r)) for r in caplog.records
              if r.name == "veracity.reconciler"]
     assert lines and all(line["domain"] == "reconciler" for line in lines)
-    logged = {(uuid.UUID(line["execution_id"]), line["action"]) for line in lines
-              if "action" in line}
-    assert logged == acted, "exactly one log line per action taken"
+    logged = [(uuid.UUID(line["execution_id"]), line["action"]) for line in lines
+              if "action" in line]
+    assert sorted(logged) == sorted(acted | {(breached.id, "stop")}), (
+        "exactly one log line per action taken, the remote stop included")
     for line in lines:
         if "action" in line:
             assert line["level"] == "warning" and line["message"].startswith(line["action"])
     forgotten_line = next(line for line in lines
                           if line.get("execution_id") == str(forgotten.id))
     assert forgotten_line["external_execution_id"] == forgotten.run_id
+    stop_line = next(line for line in lines if line.get("action") == "stop")
+    assert stop_line["execution_id"] == str(breached.id)
+    assert stop_line["external_execution_id"] == breached.run_id
+    assert stop_line["engine_finished"] is True
 
     for name, labels, value in [
         ("veracity_reconciler_ticks_total", {"outcome": "ran"}, 1.0),
@@ -71,10 +78,97 @@ async def test_every_action_writes_a_json_log_line_with_domain_reconciler(
         ("veracity_reconciler_executions_examined_total", {}, 4.0),
         ("veracity_reconciler_actions_total", {"kind": "terminate"}, 2.0),
         ("veracity_reconciler_actions_total", {"kind": "flag"}, 2.0),
+        ("veracity_reconciler_actions_total", {"kind": "stop"}, 1.0),
         ("veracity_reconciler_engine_errors_total", {"kind": "not_found"}, 1.0),
         ("veracity_reconciler_tick_duration_seconds_count", {}, 1.0),
     ]:
         assert rig.registry.get_sample_value(name, labels) == value, (name, labels)
+    await rig.assert_truthful()
+
+
+async def test_every_stop_request_is_counted_and_logged_as_an_action(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The table's second row (limit breached, engine still running): each stop request
+    counts as an action of kind "stop" and logs one JSON line, whether or not the engine
+    then confirms the run finished; the local terminate that follows is its own action."""
+    s = await rig.start(Script.forever(callback="lose", stop_failures=1), FAST)
+    await asyncio.sleep(FAST_LIMIT + 0.25)
+    formatter = JsonFormatter()
+
+    def stop_lines() -> list[dict[str, Any]]:
+        lines = [json.loads(formatter.format(r)) for r in caplog.records
+                 if r.name == "veracity.reconciler"]
+        return [line for line in lines if line.get("action") == "stop"]
+
+    with caplog.at_level(logging.INFO, logger="veracity.reconciler"):
+        first = await rig.tick()  # the stop fails: still running
+    assert first.stops_requested == 1 and first.actions == []
+    assert rig.sample("veracity_reconciler_actions_total", kind="stop") == 1
+    assert rig.sample("veracity_reconciler_actions_total", kind="terminate") == 0
+    [line] = stop_lines()
+    assert line["domain"] == "reconciler" and line["level"] == "warning"
+    assert line["execution_id"] == str(s.id)
+    assert line["external_execution_id"] == s.run_id
+    assert line["engine_finished"] is False
+    assert line["stop"].startswith("failed")
+    assert (await rig.get(s.id)).status == Status.RUNNING
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="veracity.reconciler"):
+        second = await rig.tick()  # the stop works: confirmed, then ended locally
+    assert second.stops_requested == 1
+    assert [a.kind for a in second.actions] == ["terminate"]
+    assert rig.sample("veracity_reconciler_actions_total", kind="stop") == 2
+    assert rig.sample("veracity_reconciler_actions_total", kind="terminate") == 1
+    assert rig.sample("veracity_reconciler_actions_total", kind="flag") == 0
+    [line] = stop_lines()
+    assert line["execution_id"] == str(s.id) and line["engine_finished"] is True
+    assert line["stop"] == "ok" and line["engine_status"] == "canceled"
+    assert (await rig.get(s.id)).status == Status.FAILED_TRANSIENT
+    await rig.assert_truthful()
+
+
+async def test_a_tick_that_fails_counts_an_error_and_the_next_one_runs(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store raises in the middle of a tick: the tick counts as an error (and is logged
+    by the loop), its lock is released, and the loop's next tick runs normally."""
+    finished = await rig.start(Script(outcome="success", callback="lose"), SLOW)
+    await wait_status(rig, finished.run_id, "success")
+    original = rig.store.execution_external_running
+    calls = 0
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("the database went away (test)")
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(rig.store, "execution_external_running", flaky)
+    service = rig.service()
+    stop = asyncio.Event()
+    with caplog.at_level(logging.INFO, logger="veracity.reconciler"):
+        loop = asyncio.create_task(run_forever(service, 0.05, stop))
+        try:
+            await eventually(
+                lambda: rig.sample("veracity_reconciler_ticks_total", outcome="ran") >= 1,
+                timeout=5, what="a tick that ran after the failed one")
+        finally:
+            stop.set()
+            await asyncio.wait_for(loop, 5)
+
+    assert rig.sample("veracity_reconciler_ticks_total", outcome="error") == 1
+    assert rig.sample("veracity_reconciler_ticks_total", outcome="skipped_lock") == 0
+    assert rig.sample("veracity_reconciler_tick_duration_seconds_count") >= 2
+    failed = [r for r in caplog.records if r.getMessage().startswith("tick failed")]
+    assert len(failed) == 1 and "the database went away" in failed[0].getMessage()
+    assert getattr(failed[0], "domain", None) == "reconciler"
+    # the tick after the error examined and acted as usual
+    assert (await rig.get(finished.id)).status == Status.FAILED_TRANSIENT
+    assert rig.sample("veracity_reconciler_actions_total", kind="terminate") == 1
+    assert rig.sample("veracity_reconciler_executions_examined_total") >= 1
     await rig.assert_truthful()
 
 
@@ -154,6 +248,7 @@ async def test_server_exposes_reconciler_metrics_and_logs_every_action(
     assert examined is not None and examined >= 5
     assert metric_value(text, "veracity_reconciler_actions_total", kind="terminate") == 2
     assert metric_value(text, "veracity_reconciler_actions_total", kind="flag") == 1
+    assert metric_value(text, "veracity_reconciler_actions_total", kind="stop") == 1
     server_errors = metric_value(text, "veracity_reconciler_engine_errors_total",
                                  kind="server_error")
     assert server_errors is not None and server_errors >= 1
@@ -166,7 +261,11 @@ async def test_server_exposes_reconciler_metrics_and_logs_every_action(
                         le="+Inf") == count
 
     lines = [r for r in server.log_lines() if r.get("domain") == "reconciler"]
-    actions = {(r["execution_id"], r["action"]) for r in lines if "action" in r}
-    assert actions == {(breached["id"], "terminate"), (finished["id"], "terminate"),
-                       (forgotten["id"], "flag")}, server.stderr()
+    actions = sorted((r["execution_id"], r["action"]) for r in lines if "action" in r)
+    assert actions == sorted([(breached["id"], "stop"), (breached["id"], "terminate"),
+                              (finished["id"], "terminate"), (forgotten["id"], "flag")]
+                             ), server.stderr()
+    stop_line = next(r for r in lines if r.get("action") == "stop")
+    assert stop_line["external_execution_id"] == breached["external_execution_id"]
+    assert stop_line["engine_finished"] is True
     assert Status.COMPLETED not in {r.get("action") for r in lines}

@@ -31,6 +31,9 @@ from veracity.store.protocol import Store
 
 log = logging.getLogger("veracity.reconciler")
 DOMAIN = {"domain": "reconciler"}
+ACTION_KINDS = ("terminate", "flag", "stop")
+"""``veracity_reconciler_actions_total`` kinds: an execution ended ``failed_transient``
+locally, flagged for an operator, or a remote stop requested from its engine."""
 
 
 class LockLost(Exception):
@@ -53,6 +56,8 @@ class ReconcilerMetrics:
                                   buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120))
         for outcome in ("ran", "skipped_lock", "error"):
             self.ticks.labels(outcome)
+        for kind in ACTION_KINDS:
+            self.actions.labels(kind)
 
 
 @dataclass
@@ -194,22 +199,37 @@ class ReconcilerService:
             if decision.action == Action.STOP_REMOTE:
                 await self._still_ours()  # never stop a run under a lock we lost
                 result.stops_requested += 1
+                self.metrics.actions.labels("stop").inc()
                 stopped = await self._stop(engine, e.external_execution_id, result)
                 # whatever the stop answered, decide from what the engine now says
                 again = await self._inspect(engine, e.external_execution_id, result)
+                finished = again is not None and again.state == EngineState.FINISHED
+                self._log_stop(e, stopped, again, finished)
                 if again is not None:
                     data.update(engine_status=again.status,
                                 engine_stopped_at=again.stopped_at, stop=stopped)
-                    if again.state == EngineState.FINISHED:
+                    if finished:
                         return self._action(e, Action.TERMINATE_LOCAL,
                                             "limit breached; the engine stopped the run",
                                             data)
-                log.warning("limit breached; the engine has not stopped the run yet",
-                            extra={**DOMAIN, "execution_id": str(e.id), "stop": stopped})
                 return None
         if decision.action == Action.FLAG:
             return self._action(e, Action.FLAG, decision.reason, data)
         return self._action(e, decision.action, decision.reason, data)
+
+    @staticmethod
+    def _log_stop(e: Execution, stopped: str, again: Inspection | None,
+                  finished: bool) -> None:
+        """The JSON log line of a remote stop request (an action of kind ``stop``)."""
+        outcome = ("the engine confirms the run finished" if finished
+                   else "the engine has not stopped the run yet")
+        log.warning(
+            "stop: limit breached; asked the engine to stop run %s (%s); %s",
+            e.external_execution_id, stopped, outcome,
+            extra={**DOMAIN, "action": "stop", "execution_id": str(e.id),
+                   "external_execution_id": e.external_execution_id,
+                   "engine": e.engine, "stop": stopped, "engine_finished": finished,
+                   "engine_status": again.status if again is not None else None})
 
     async def _still_ours(self) -> None:
         if self._lock is not None and not await self._lock.held():
