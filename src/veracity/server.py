@@ -74,6 +74,9 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             concurrency=settings.reconciler.concurrency,
             engine_timeout=settings.reconciler.engine_timeout,
             metrics=ReconcilerMetrics(registry),
+            # a trigger in flight has no external id yet: flag only once it cannot be
+            trigger_grace={name: engine.timeout + 1.0
+                           for name, engine in runtime.external.engines.items()},
         )
         tasks = [
             asyncio.create_task(run_forever(recovery, settings.recovery.interval, stop)),

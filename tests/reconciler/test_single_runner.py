@@ -259,7 +259,9 @@ async def test_two_server_processes_never_tick_at_the_same_time(
     tagged.fake.latency = 0.3
 
     def config(index: int, port: int) -> str:
-        return config_toml(f"{tagged.url}/s{index}", f"http://127.0.0.1:{port}")
+        # a short engine timeout: the execution without an external id is flagged once its
+        # trigger cannot still be in flight (timeout + 1 s after it was sent)
+        return config_toml(f"{tagged.url}/s{index}", f"http://127.0.0.1:{port}", timeout=1.0)
 
     with server_processes(tmp_path, pg_url, 2, config_for=config,
                           env={"VERACITY_RECONCILER_INTERVAL": "0.1"},
@@ -275,10 +277,10 @@ async def test_two_server_processes_never_tick_at_the_same_time(
                                        outcome="skipped_lock")
                 if not ran or not skipped:
                     return False
-            return True
+            return (await sc.rig.get(sc.flagged)).flagged_at is not None
 
         await eventually(both_ran_and_skipped, timeout=15, interval=0.2,
-                         what="each server having run and skipped a tick")
+                         what="each server having run and skipped a tick, and row four flagged")
         for server in servers:
             text = await server.metrics()
             assert metric_value(text, "veracity_reconciler_ticks_total", outcome="error") == 0

@@ -221,6 +221,23 @@ async def test_row4_without_external_id_left_running_and_flagged(
     await rig.assert_truthful()
 
 
+async def test_row4_waits_while_the_trigger_may_still_be_in_flight(rig: Rig) -> None:
+    """No external id yet is not news while the worker may still be waiting for the
+    engine's answer (the engine's call timeout, which the server passes as the grace): a
+    tick then neither flags nor acts; once the grace is over, row four applies."""
+    eid = await rig.delegate_only(SLOW)
+
+    during = await rig.tick(trigger_grace={"n8n": 60.0})
+    assert during.examined == 1 and during.actions == []
+    e = await rig.get(eid)
+    assert (e.status, e.flagged_at) == (Status.RUNNING, None)
+    assert "flagged" not in await rig.kinds(eid)
+    # another engine's grace does not apply to this one
+    other = await rig.tick(trigger_grace={"elsewhere": 60.0})
+    assert [a.kind for a in other.actions] == ["flag"]
+    assert (await rig.get(eid)).flagged_at is not None
+
+
 # -- implicit rows -------------------------------------------------------------------------------
 
 

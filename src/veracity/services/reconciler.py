@@ -84,6 +84,7 @@ class ReconcilerService:
         engine_timeout: float = 10.0,
         page_size: int = 1000,
         metrics: ReconcilerMetrics | None = None,
+        trigger_grace: Mapping[str, float] | None = None,
     ) -> None:
         self.store = store
         self.engines = engines
@@ -91,6 +92,10 @@ class ReconcilerService:
         self.concurrency = concurrency
         self.engine_timeout = engine_timeout
         self.page_size = page_size
+        self.trigger_grace = dict(trigger_grace or {})
+        """Per engine, how long after its trigger an execution without an external id may
+        still be waiting for the engine's answer (the engine's own call timeout): until
+        then the missing id is not news, and nobody is flagged for it."""
         self.metrics = metrics or ReconcilerMetrics(CollectorRegistry())
         self._lock: RunnerLock | None = None
 
@@ -176,6 +181,9 @@ class ReconcilerService:
         )
         data: dict[str, Any] = {"engine": e.engine, "limit_breached": breached}
         if e.external_execution_id is None:
+            grace = timedelta(seconds=self.trigger_grace.get(e.engine or "", 0.0))
+            if e.triggered_at is not None and now < e.triggered_at + grace:
+                return None  # its trigger may still be on its way: nothing is known yet
             decision = decide(False, breached, EngineState.UNKNOWN)
             return self._action(e, decision.action,
                                 "no external id: whether the engine started the run is "
