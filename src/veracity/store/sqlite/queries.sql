@@ -3,10 +3,6 @@
 -- the database's single write lock; :now is the transaction's time, read once from the
 -- injected clock or, in production, from SQLite's own clock (see the `now` query).
 
--- name: now
-SELECT coalesce(:now, CAST(round((julianday('now') - 2440587.5) * 86400000000.0) AS INTEGER))
-    AS now
-
 -- name: migrations_ledger
 CREATE TABLE IF NOT EXISTS veracity_migrations (
     version    INTEGER PRIMARY KEY,

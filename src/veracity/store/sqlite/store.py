@@ -224,9 +224,13 @@ class SqliteStore(EngineMethods):
         return out
 
     def _now_us(self, conn: sqlite3.Connection) -> int:
+        """The transaction's time: the injected clock's, else the database's. An embedded
+        database's clock is this host's clock, which SQLite's ``'now'`` reads to the
+        millisecond only; read here to the microsecond, times recorded one after another
+        keep their order against other readers of the host's clock (an engine's stop, say)
+        instead of being rounded up to half a millisecond into the past."""
         injected = self._clock.now()
-        row = conn.execute(Q["now"], {"now": to_us(injected) if injected else None}).fetchone()
-        return int(row["now"])
+        return to_us(injected if injected is not None else datetime.now(UTC))
 
     def _all(self, name: str, params: Mapping[str, Any]) -> list[sqlite3.Row]:
         return self._c().execute(Q[name], params).fetchall()
