@@ -23,11 +23,12 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from tests._pg import create_database_from_template, drop_database, with_database
+from tests.engine._support import get, history
+from tests.engine._support import submit as submit_execution
 from tests.worker._procs import Processes, WorkerProcess, wait_until
 from tests.workflows import count_marks
-from veracity._ids import new_execution_id
 from veracity.core.states import Status
-from veracity.models import Execution, HistoryEvent, NewExecution
+from veracity.models import Execution, HistoryEvent
 from veracity.services.recovery import RecoveryService
 from veracity.store import Store, open_store
 from veracity.worker.context import STEP_COMPLETED
@@ -47,19 +48,7 @@ async def store(database_url: str) -> AsyncIterator[Store]:
 
 
 async def submit(store: Store, ffqn: str, params: list[Any]) -> uuid.UUID:
-    done = await store.execution_submit(NewExecution(
-        ffqn=ffqn, params=params, deployment_id="d-test", id=new_execution_id()))
-    return done.execution.id
-
-
-async def get(store: Store, ident: uuid.UUID) -> Execution:
-    found = await store.execution_get(ident)
-    assert found is not None, ident
-    return found
-
-
-async def history(store: Store, ident: uuid.UUID) -> list[HistoryEvent]:
-    return await store.history_list(ident, limit=10_000)
+    return (await submit_execution(store, ffqn, *params)).id
 
 
 async def registered(w: WorkerProcess, timeout: float = 15) -> str:
