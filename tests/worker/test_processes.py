@@ -466,7 +466,7 @@ async def test_leases_follow_the_database_clock(
     """A worker whose local clock is far off leases by the database's clock.
 
     What this proves: with libfaketime preloaded (the ``libfaketime`` development
-    dependency or Debian's ``faketime``; skipped, visibly, where neither is installed) the
+    dependency or Debian's ``faketime``; failing, saying so, where neither is installed) the
     worker's wall clock is two days behind or ahead, for Python and its C libraries alike
     (the test checks its log timestamps);
     every lease it takes and renews still ends TTL after the database's ``now()``; its
