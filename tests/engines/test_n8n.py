@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -40,7 +40,6 @@ from veracity.testing.fake_n8n import (
     Wait,
     Work,
     iso,
-    running,
     serve_asgi_in_thread,
 )
 
@@ -105,19 +104,6 @@ class Recording(httpx.AsyncBaseTransport):
 
     def paths(self) -> list[str]:
         return [r.url.path for r in self.requests]
-
-
-@pytest.fixture
-def fake() -> FakeN8n:
-    n8n = FakeN8n(version=V2, api_key=API_KEY, email=EMAIL, password=PASSWORD)
-    n8n.add_webhook("fulfil", Script.forever())
-    return n8n
-
-
-@pytest.fixture
-def base_url(fake: FakeN8n) -> Iterator[str]:
-    with running(fake) as url:
-        yield url
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ what the httpx path (the engine with one) answers, against the fake n8n over loo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -12,23 +12,9 @@ import pytest
 
 from veracity.core.reconcile import EngineState
 from veracity.engines import EngineErrorKind, Inspection, N8nEngine, StartOutcome
-from veracity.testing.fake_n8n import FakeN8n, Script, Wait, running
+from veracity.testing.fake_n8n import FakeN8n, Script, Wait
 
-from .test_n8n import API_KEY, CALLBACK, EMAIL, PASSWORD, V2, config, free_port
-
-
-@pytest.fixture
-def fake() -> FakeN8n:
-    n8n = FakeN8n(version=V2, api_key=API_KEY, email=EMAIL, password=PASSWORD)
-    n8n.add_webhook("fulfil", Script.forever())
-    return n8n
-
-
-@pytest.fixture
-def base_url(fake: FakeN8n) -> Iterator[str]:
-    with running(fake) as url:
-        yield url
-
+from .test_n8n import CALLBACK, config, free_port
 
 Both = Callable[..., Awaitable[tuple[N8nEngine, N8nEngine]]]
 
