@@ -65,6 +65,7 @@ ENV_VARS: dict[str, str] = {
     "reconciler.interval": "VERACITY_RECONCILER_INTERVAL",
     "reconciler.concurrency": "VERACITY_RECONCILER_CONCURRENCY",
     "reconciler.engine_timeout": "VERACITY_ENGINE_TIMEOUT",
+    "reconciler.stop_flag_after": "VERACITY_STOP_FLAG_AFTER",
     "public_url": "VERACITY_PUBLIC_URL",
 }
 
@@ -176,6 +177,7 @@ class ReconcilerSettings(_Model):
     interval: Duration = Field(default=120.0, gt=0)
     concurrency: int = Field(default=16, ge=1)
     engine_timeout: Duration = Field(default=10.0, gt=0)
+    stop_flag_after: Duration = Field(default=600.0, ge=1, le=30 * 86400)
 
 
 class Settings(_Model):

@@ -12,6 +12,7 @@ from typing import Any
 
 from veracity.config import Settings, parse_duration
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
+from veracity.core.reconcile import FlagKind, WriteKind
 from veracity.core.states import Status
 from veracity.engines.base import CallbackInfo, Engine, EngineConfig, StartOutcome, parse_engines
 from veracity.errors import ConfigError
@@ -126,6 +127,9 @@ async def trigger(store: Store, engine: Engine, workflow: ExternalWorkflow,
                                                         token_hash(token))
     if not delegated.applied:
         return "lease lost before the trigger"
+    if delegated.execution is not None and delegated.execution.engine is None:
+        # a cancel or pause requested since the claim was carried out instead
+        return f"not triggered: {delegated.execution.status} before the trigger"
     base = f"{public_url}/v1/executions/{execution.id}"
     callback = CallbackInfo(complete_url=f"{base}/complete", fail_url=f"{base}/fail",
                             token=token)
@@ -164,7 +168,8 @@ async def trigger(store: Store, engine: Engine, workflow: ExternalWorkflow,
 async def _ambiguous(store: Store, execution_id: uuid.UUID, why: str) -> str:
     reason = (f"the trigger's outcome is unknown ({why}); the run may exist in the engine. "
               "Not triggered again: attach its id or end the run")
-    await store.execution_reconcile_apply([ReconcileAction(execution_id, None, "flag", reason)])
+    await store.execution_reconcile_apply([ReconcileAction(
+        execution_id, None, WriteKind.FLAG, reason, flag=FlagKind.TRIGGER_UNKNOWN)])
     log.warning("trigger outcome unknown", extra={"domain": "worker",
                                                   "execution_id": str(execution_id),
                                                   "reason": why})

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from veracity.core.reconcile import FlagKind, WriteKind
 from veracity.core.states import Status
 
 JSON = Any  # a value that json.dumps accepts
@@ -49,6 +50,12 @@ class Execution:
     callback_token_hash: str | None = None
     flagged_at: datetime | None = None
     flag_reason: str | None = None
+    flag_kind: str | None = None
+    """Why it is flagged (a :class:`veracity.core.reconcile.FlagKind` value)."""
+    end_request: JSON = None
+    """An operator's request to end a delegated run, waiting for the engine to confirm
+    the stop: ``{"action": "fail"|"cancel", "reason", "by"}``."""
+    end_requested_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +197,8 @@ class ControlResult:
     changed: bool = False
     refused: str | None = None
     message: Message | None = None
+    code: str = "wrong_state"
+    """The error code of a refusal (``wrong_state``, ``not_pausable``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,11 +232,27 @@ class CallbackResult:
 
 @dataclass(frozen=True, slots=True)
 class ReconcileAction:
-    """One write the reconciler decided: ``kind`` is terminate (failed_transient) or flag.
-    It applies only if the execution is still running with ``external_execution_id``."""
+    """One write decided after a look at a delegated execution: end it (``to``), flag it
+    (``flag``) or clear its flag. It applies only if the execution is still running,
+    delegated, with ``external_execution_id``."""
 
     execution_id: uuid.UUID
     external_execution_id: str | None
-    kind: str
+    kind: WriteKind
     reason: str
     data: dict[str, Any] = field(default_factory=dict)
+    to: Status = Status.FAILED_TRANSIENT
+    """For ``terminate``: ``failed_transient`` or ``cancelled``."""
+    flag: FlagKind | None = None
+    """For ``flag``: why (required)."""
+    error: JSON = None
+    """For ``terminate`` as ``failed_transient``: the error recorded (default: the
+    reconciler's reason)."""
+
+    def __post_init__(self) -> None:
+        if self.kind is WriteKind.FLAG and self.flag is None:
+            raise ValueError("a flag needs its kind")
+        if self.kind is WriteKind.TERMINATE and self.to not in (
+            Status.FAILED_TRANSIENT, Status.CANCELLED
+        ):
+            raise ValueError(f"a delegated run is never ended {self.to} without its engine")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 from veracity._app import App, load_app
 from veracity.config import Settings
-from veracity.external import ExternalConfig, parse_external
+from veracity.engines.base import Engine
+from veracity.external import ExternalConfig, build_engines, close_engines, parse_external
 from veracity.service import ExecutionService
+from veracity.services.looks import Looker
 from veracity.store import Store, open_store
 
 
@@ -21,9 +24,26 @@ class Runtime:
     service: ExecutionService
     deployment_id: str
     external: ExternalConfig
+    engines: dict[str, Engine] = field(default_factory=dict)
+    """The engines' adapters, when the runtime was opened with them."""
 
     async def close(self) -> None:
-        await self.store.close()
+        try:
+            await close_engines(self.engines)
+        finally:
+            await self.store.close()
+
+
+def build_looker(settings: Settings, external: ExternalConfig,
+                 engines: Mapping[str, Engine]) -> Looker:
+    """Looks at delegated runs as the reconciler takes them (docs/external.md)."""
+    return Looker(
+        engines, external.limits,
+        engine_timeout=settings.reconciler.engine_timeout,
+        # a trigger in flight has no external id yet: flag only once it cannot be
+        trigger_grace={name: engine.timeout + 1.0 for name, engine in external.engines.items()},
+        stop_flag_after=settings.reconciler.stop_flag_after,
+    )
 
 
 def load_user_app(settings: Settings) -> App | None:
@@ -36,9 +56,14 @@ def deployment_id_for(settings: Settings, app: App | None) -> str:
     return (app or App()).code_digest()
 
 
-async def open_runtime(settings: Settings, *, migrate: bool = False) -> Runtime:
+async def open_runtime(settings: Settings, *, migrate: bool = False,
+                       engines: bool = False) -> Runtime:
+    """Open the store and build the service. ``engines``: also build the engines'
+    adapters, so that the service can ask an engine about a delegated run (resolve,
+    cancel); the runtime closes them."""
     app = load_user_app(settings)
     external = parse_external(settings)
+    adapters = build_engines(external) if engines else {}
     store = await open_store(settings.database_url)
     try:
         if migrate:
@@ -51,11 +76,13 @@ async def open_runtime(settings: Settings, *, migrate: bool = False) -> Runtime:
             max_payload_bytes=settings.max_payload_bytes,
             # a worker that has not renewed for a whole lease TTL is taken for dead
             live_within=timedelta(seconds=settings.worker.lease_ttl),
+            looker=build_looker(settings, external, adapters),
         )
     except BaseException:
+        await close_engines(adapters)
         await store.close()
         raise
-    return Runtime(settings, app, store, service, deployment_id, external)
+    return Runtime(settings, app, store, service, deployment_id, external, adapters)
 
 
 def redact_url(url: str) -> str:

@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry
 from veracity._app import App
 from veracity.api import create_api
 from veracity.config import Settings
-from veracity.external import build_engines, close_engines
-from veracity.runtime import Runtime, open_runtime, redact_url
+from veracity.runtime import Runtime, build_looker, open_runtime, redact_url
+from veracity.service import ServiceMetrics
 from veracity.services._loop import run_forever
 from veracity.services.reconciler import ReconcilerMetrics, ReconcilerService
 from veracity.services.recovery import RecoveryMetrics, RecoveryService
@@ -58,7 +58,8 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
-        runtime: Runtime = await open_runtime(settings, migrate=True)
+        runtime: Runtime = await open_runtime(settings, migrate=True, engines=True)
+        runtime.service.metrics = ServiceMetrics(registry)
         api.state.service = runtime.service
         api.state.runtime = runtime
         stop = asyncio.Event()
@@ -67,16 +68,13 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             max_attempts=settings.recovery.max_attempts,
             metrics=RecoveryMetrics(registry),
         )
-        engines = build_engines(runtime.external)
+        engines = runtime.engines
         # the reconciler is always on: no setting turns it off
         reconciler = ReconcilerService(
             runtime.store, engines, runtime.external.limits,
             concurrency=settings.reconciler.concurrency,
-            engine_timeout=settings.reconciler.engine_timeout,
             metrics=ReconcilerMetrics(registry),
-            # a trigger in flight has no external id yet: flag only once it cannot be
-            trigger_grace={name: engine.timeout + 1.0
-                           for name, engine in runtime.external.engines.items()},
+            looker=build_looker(settings, runtime.external, engines),
         )
         tasks = [
             asyncio.create_task(run_forever(recovery, settings.recovery.interval, stop)),
@@ -107,7 +105,6 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             if worker is not None:
                 worker.stop()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await close_engines(engines)
             await runtime.close()
             log.info("stopped", extra={"domain": "server"})
 

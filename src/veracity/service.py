@@ -14,8 +14,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
 from veracity._ids import new_execution_id, parse_execution_id
 from veracity.core.ffqn import CANCELLABLE_SUFFIX, InvalidFfqn, is_cancellable, validate_ffqn
+from veracity.core.reconcile import FlagKind
 from veracity.core.states import Status
 from veracity.errors import (
     BadRequest,
@@ -36,6 +39,7 @@ from veracity.models import (
     NewExecution,
     WorkerRecord,
 )
+from veracity.services.looks import Look, Looker
 from veracity.store.protocol import Store
 
 MAX_LIST_LIMIT = 1000
@@ -54,6 +58,42 @@ class Page:
     next_cursor: str | None
     waiting: dict[uuid.UUID, str] = field(default_factory=dict)
     """For pending executions that no live worker can run: why they wait."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """What an operator's resolve did: ``outcome`` is ``attached``, ``ended`` (the
+    engine confirmed the run finished), ``stop_requested`` (the engine accepted the stop
+    and has not confirmed yet: still running), ``forced`` (ended without the engine's
+    confirmation, on request) or ``unconfirmed`` (ended on the operator's word: there
+    was no external id to ask the engine about)."""
+
+    execution: Execution
+    changed: bool
+    outcome: str
+    message: str
+
+    @property
+    def unconfirmed(self) -> bool:
+        """Ended without the engine's confirmation: the run may still be going there."""
+        return self.outcome in ("forced", "unconfirmed")
+
+
+class ServiceMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.resolutions = Counter(
+            "veracity_resolutions", "Operator resolutions of delegated runs, by outcome "
+            "(forced and unconfirmed: ended without the engine's confirmation)",
+            ["action", "outcome"], registry=registry)
+        self.flagged = Gauge(
+            "veracity_flagged_executions", "Executions on the flagged list, by flag kind "
+            "(forced: ended by an operator without the engine's confirmation)",
+            ["kind"], registry=registry)
+        for kind in FlagKind:
+            self.flagged.labels(str(kind))
+
+    def flagged_children(self) -> list[tuple[str, Gauge]]:
+        return [(str(kind), self.flagged.labels(str(kind))) for kind in FlagKind]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +182,13 @@ class ExecutionService:
         max_payload_bytes: int = 1_048_576,
         live_within: timedelta = timedelta(seconds=120),
         on_submitted: Callable[[], None] | None = None,
+        looker: Looker | None = None,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
+        self.looker = looker
+        """Takes looks at delegated runs (resolve, cancel); None: no engine is configured
+        here, and a delegated run's engine cannot be asked."""
+        self.metrics = metrics
         self.store = store
         self.workflows = workflows
         self.deployment_id = deployment_id
@@ -276,7 +322,7 @@ class ExecutionService:
         if result.execution is None:
             raise NotFound(f"execution {ident} does not exist")
         if result.refused is not None:
-            raise Conflict(result.refused, code="wrong_state",
+            raise Conflict(result.refused, code=result.code,
                            state=str(result.execution.status))
         return result.execution
 
@@ -295,7 +341,14 @@ class ExecutionService:
                 code="not_cancellable", state=str(execution.status),
             )
         result = await self.store.execution_cancel(execution.id, actor=actor)
-        return self._found(execution.id, result), result.changed
+        cancelled = self._found(execution.id, result)
+        if (cancelled.status == Status.RUNNING and cancelled.engine is not None
+                and cancelled.external_execution_id is not None):
+            # a delegated run ends only once its engine confirms the stop: ask it now
+            # (the reconciler asks again every tick until it does)
+            look = await self._look_and_apply(cancelled)
+            cancelled = await self.get(cancelled.id) if look.action else cancelled
+        return cancelled, result.changed
 
     async def pause(self, execution_id: str | uuid.UUID, *, actor: str | None = None
                     ) -> tuple[Execution, bool]:
@@ -352,18 +405,102 @@ class ExecutionService:
         return outcome.execution, outcome.outcome == "applied"
 
     async def resolve(self, execution_id: str | uuid.UUID, *, action: str,
-                      external_id: str | None, reason: str, actor: str
-                      ) -> tuple[Execution, bool]:
+                      external_id: str | None, reason: str, actor: str, force: bool = False
+                      ) -> Resolved:
+        """An operator resolves a running delegated execution (docs/external.md).
+
+        ``attach`` records the engine's id. ``fail`` and ``cancel`` end the run only once
+        its engine confirms it has finished: the request is recorded, the engine asked to
+        stop the run, and asked again; until it confirms, the execution stays running
+        (the reconciler carries the request on) and the answer is ``stop_requested``, or
+        :class:`EngineNotConfirmed` (409) when the engine could not be asked or refused
+        the stop. ``force`` ends it anyway, flagged as forced. Without an external id the
+        engine cannot be asked at all: the operator's word is all there is, and the end
+        is recorded as unconfirmed.
+        """
         ident = await self._ident(execution_id)
         if action not in ("attach", "fail", "cancel"):
             raise InvalidInput("action must be attach, fail or cancel", code="invalid_action")
         if action == "attach" and not external_id:
             raise InvalidInput("attach needs external_execution_id", code="invalid_action")
+        if action != "attach" and external_id is not None:
+            raise InvalidInput("external_execution_id goes only with attach",
+                               code="invalid_action")
+        if force and action == "attach":
+            raise InvalidInput("force applies to fail and cancel, not to attach",
+                               code="invalid_force")
         if not reason.strip():
             raise InvalidInput("a resolution needs a written reason", code="invalid_reason")
+        current = await self.get(ident)
+        if force and current.engine is None:
+            raise InvalidInput(f"force applies only to an execution delegated to an engine; "
+                               f"{ident} is not", code="invalid_force")
+        if action == "attach":
+            result = await self.store.execution_resolve(
+                ident, action=action, external_id=external_id, reason=reason, actor=actor)
+            return self._resolved(action, Resolved(self._found(ident, result), result.changed,
+                                                   "attached", "external id attached"))
+        if current.status == Status.RUNNING and current.engine is not None \
+                and current.external_execution_id is None:
+            why = ("it has no external id: the engine could not be asked whether the run "
+                   "exists, nor stopped")
+            result = await self.store.execution_resolve(
+                ident, action=action, external_id=None, reason=reason, actor=actor,
+                expected_external_id=None, unconfirmed=why)
+            return self._resolved(action, Resolved(
+                self._found(ident, result), result.changed, "unconfirmed",
+                f"ended without the engine's confirmation: {why}"))
         result = await self.store.execution_resolve(
-            ident, action=action, external_id=external_id, reason=reason, actor=actor)
-        return self._found(ident, result), result.changed
+            ident, action=action, external_id=None, reason=reason, actor=actor,
+            expected_external_id=current.external_execution_id)
+        requested = self._found(ident, result)
+        look = await self._look_and_apply(requested)
+        after = await self.get(ident)
+        if after.status.is_terminal:
+            confirmed = look.action is not None and after.status == look.action.to
+            return self._resolved(action, Resolved(
+                after, True, "ended", "the engine confirmed the run finished" if confirmed
+                else f"the execution ended meanwhile ({after.status})"))
+        why = look.why_unknown or "the engine has not confirmed the run finished"
+        if force:
+            result = await self.store.execution_resolve(
+                ident, action=action, external_id=None, reason=reason, actor=actor,
+                expected_external_id=current.external_execution_id, unconfirmed=why)
+            return self._resolved(action, Resolved(
+                self._found(ident, result), True, "forced",
+                f"forced: ended without the engine's confirmation ({why})"))
+        if look.stop == "ok":
+            return self._resolved(action, Resolved(
+                after, True, "stop_requested",
+                "the engine accepted the stop; the execution ends once it confirms the run "
+                "finished (the reconciler asks again every tick)"))
+        self._count_resolution(action, "not_confirmed")
+        raise Conflict(
+            f"the engine could not confirm the run has finished: {why}. The execution stays "
+            "running with your request recorded; the reconciler asks the engine again every "
+            "tick and ends it once the engine confirms. To end it now without the engine's "
+            "confirmation, resolve again with force.",
+            code="engine_not_confirmed", state=str(after.status))
+
+    async def _look_and_apply(self, execution: Execution) -> Look:
+        looker = self.looker or Looker({}, {})
+        look = await looker.look(execution, await self.store.db_now())
+        if look.action is not None:
+            applied = await self.store.execution_reconcile_apply([look.action])
+            if not applied:
+                look.action = None
+        return look
+
+    def _resolved(self, action: str, resolved: Resolved) -> Resolved:
+        self._count_resolution(action, resolved.outcome)
+        return resolved
+
+    def _count_resolution(self, action: str, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.resolutions.labels(action, outcome).inc()
+
+    async def flag_counts(self) -> dict[str, int]:
+        return await self.store.execution_flag_counts()
 
     async def _ident(self, execution_id: str | uuid.UUID) -> uuid.UUID:
         return execution_id if isinstance(execution_id, uuid.UUID) else parse_id(execution_id)

@@ -1,110 +1,223 @@
-"""The reconciler's decision table, n8n's classification and the limit, every combination."""
+"""The decision about a running delegated execution, over every combination of what one
+look knows; n8n's classification; limits."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from veracity.core.reconcile import (
     N8N_ACTIVE_STATUSES,
     N8N_TERMINAL_STATUSES,
+    SELF_CLEARING_FLAGS,
     Action,
     Decision,
     EngineState,
+    FlagKind,
+    Observation,
+    OperatorEnd,
+    StopCause,
     classify_n8n,
     decide,
     limit_breached,
+    stop_cause,
 )
+from veracity.core.states import Status
 
 F, R, U = EngineState.FINISHED, EngineState.RUNNING, EngineState.UNKNOWN
-
-# Written out by hand from seed 000's table and the issue's refinements, one row per
-# combination, independently of the implementation's branches.
-EXPECTED: dict[tuple[bool, bool, EngineState], Action] = {
-    # seed row 1: id, no breach, engine finished -> terminate locally, no remote stop
-    (True, False, F): Action.TERMINATE_LOCAL,
-    # implicit: id, no breach, engine still running -> nothing to do
-    (True, False, R): Action.NOTHING,
-    # implicit: engine answer unknown -> nothing to do
-    (True, False, U): Action.NOTHING,
-    # seed row 3: id, breach, engine finished -> terminate locally
-    (True, True, F): Action.TERMINATE_LOCAL,
-    # seed row 2: id, breach, engine running -> stop remotely (terminal later)
-    (True, True, R): Action.STOP_REMOTE,
-    # implicit: breach but engine answer unknown -> nothing (never terminal on a guess)
-    (True, True, U): Action.NOTHING,
-    # seed row 4 (and its "any"): no id -> leave running, flag for an operator
-    (False, False, F): Action.FLAG,
-    (False, False, R): Action.FLAG,
-    (False, False, U): Action.FLAG,
-    (False, True, F): Action.FLAG,
-    (False, True, R): Action.FLAG,
-    (False, True, U): Action.FLAG,
-}
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+FLAG_AFTER = timedelta(minutes=10)
+GRACE = timedelta(seconds=11)
+LIMIT = timedelta(minutes=5)
+CAUSES = [None, "limit", "cancel", "operator_fail", "operator_cancel"]
 
 
-def test_expected_table_covers_every_combination() -> None:
-    combos = set(itertools.product([True, False], [True, False], list(EngineState)))
-    assert set(EXPECTED) == combos
-    assert len(combos) == 12
+def obs(*, has_id: bool = True, in_flight: bool = False, configured: bool = True,
+        engine: EngineState = U, unknown_id: bool = False, cause: str | None = None,
+        overdue: bool = False, stop_sent: bool = False, flag: FlagKind | None = None
+        ) -> Observation:
+    """An observation from the dimensions a look can vary along. ``overdue``: the stop
+    was first wanted at least ``stop_flag_after`` ago (only meaningful with a cause)."""
+    since = NOW - (FLAG_AFTER if overdue else FLAG_AFTER / 2)
+    kw: dict[str, Any] = {}
+    if cause == "limit":
+        kw["max_duration"] = LIMIT
+        triggered = since - LIMIT
+    else:
+        triggered = NOW - timedelta(hours=1)
+    # in flight: the trigger was sent less than its grace ago
+    grace = timedelta(days=1) if in_flight else GRACE
+    if cause == "cancel":
+        kw["cancel_requested_at"] = since
+    if cause in ("operator_fail", "operator_cancel"):
+        kw["operator_end"] = OperatorEnd.FAIL if cause == "operator_fail" else OperatorEnd.CANCEL
+        kw["operator_end_at"] = since
+    return Observation(now=NOW, has_external_id=has_id, triggered_at=triggered,
+                       trigger_grace=grace, engine_configured=configured, engine=engine,
+                       unknown_id=unknown_id, stop_flag_after=FLAG_AFTER, stop_sent=stop_sent,
+                       flag=flag, **kw)
 
 
-@pytest.mark.parametrize(
-    ("has_id", "breached", "engine"),
-    list(itertools.product([True, False], [True, False], list(EngineState))),
-)
-def test_decide_matches_the_table(has_id: bool, breached: bool, engine: EngineState) -> None:
-    decision = decide(has_id, breached, engine)
-    assert isinstance(decision, Decision)
-    assert decision.action is EXPECTED[(has_id, breached, engine)]
-    assert decision.reason.strip()
+def expected(has_id: bool, in_flight: bool, configured: bool, engine: EngineState,
+             unknown_id: bool, cause: str | None, overdue: bool, stop_sent: bool,
+             flag: FlagKind | None) -> tuple[Action, Status | FlagKind | None, bool]:
+    """(action, its status or flag kind, clear_flag), written out from docs/external.md's
+    rules independently of the implementation's branches."""
+    def flag_or_nothing(kind: FlagKind) -> tuple[Action, FlagKind | None, bool]:
+        return (Action.NOTHING, None, False) if flag is kind else (Action.FLAG, kind, False)
+
+    if not has_id:  # the table's fourth row: nothing can be asked or stopped
+        if in_flight:
+            return Action.NOTHING, None, False
+        if flag in (FlagKind.NO_EXTERNAL_ID, FlagKind.TRIGGER_UNKNOWN):
+            return Action.NOTHING, None, False
+        return flag_or_nothing(FlagKind.NO_EXTERNAL_ID)
+    if not configured:
+        return flag_or_nothing(FlagKind.ENGINE_UNCONFIGURED)
+    if engine is F:  # the run is over: end, as the cause says
+        to = (Status.CANCELLED if cause in ("cancel", "operator_cancel")
+              else Status.FAILED_TRANSIENT)
+        return Action.END, to, False
+    if engine is U:
+        if unknown_id:
+            return flag_or_nothing(FlagKind.UNKNOWN_ID)
+        if cause is not None and overdue:
+            return flag_or_nothing(FlagKind.STOP_UNCONFIRMED)
+        return Action.NOTHING, None, False
+    clear = flag in SELF_CLEARING_FLAGS or (flag is FlagKind.STOP_UNCONFIRMED and cause is None)
+    if cause is None:
+        return Action.NOTHING, None, clear
+    if not stop_sent:
+        return Action.STOP_REMOTE, None, clear
+    if overdue:
+        return flag_or_nothing(FlagKind.STOP_UNCONFIRMED)
+    return Action.NOTHING, None, clear
 
 
-@pytest.mark.parametrize(
-    ("has_id", "breached", "engine"),
-    list(itertools.product([True, False], [True, False], list(EngineState))),
-)
-def test_truthfulness_only_a_finished_engine_with_an_id_allows_a_terminal_state(
-    has_id: bool, breached: bool, engine: EngineState
-) -> None:
-    terminal = decide(has_id, breached, engine).action is Action.TERMINATE_LOCAL
-    assert terminal == (has_id and engine is EngineState.FINISHED)
+DIMENSIONS = list(itertools.product(
+    [True, False], [True, False], [True, False], list(EngineState), [True, False], CAUSES,
+    [True, False], [True, False], [None, *FlagKind]))
 
 
-def test_a_remote_stop_is_asked_only_of_a_running_engine_past_its_limit() -> None:
-    stops = {
-        combo
-        for combo in itertools.product([True, False], [True, False], list(EngineState))
-        if decide(*combo).action is Action.STOP_REMOTE
-    }
-    assert stops == {(True, True, EngineState.RUNNING)}
+def test_every_combination_matches_the_rules() -> None:
+    assert len(DIMENSIONS) == 2 * 2 * 2 * 3 * 2 * 5 * 2 * 2 * 7
+    for combo in DIMENSIONS:
+        has_id, in_flight, configured, engine, unknown_id, cause, overdue, sent, flag = combo
+        o = obs(has_id=has_id, in_flight=in_flight, configured=configured, engine=engine,
+                unknown_id=unknown_id, cause=cause, overdue=overdue, stop_sent=sent, flag=flag)
+        d = decide(o)
+        action, what, clear = expected(*combo)
+        got = (d.action, d.to if d.action is Action.END else d.flag, d.clear_flag)
+        assert got == (action, what, clear), combo
+        assert d.reason.strip(), combo
+        assert decide(o) == d, combo  # pure: the same observation, the same decision
+        if cause is not None and has_id and configured:
+            assert d.cause is not None and d.cause.value == cause, combo
+
+
+def test_truthfulness_only_a_finished_engine_run_with_an_id_allows_a_terminal_state() -> None:
+    for combo in DIMENSIONS:
+        has_id, _, configured, engine, *_ = combo
+        d = decide(obs(has_id=has_id, configured=configured, engine=engine))
+        assert (d.action is Action.END) == (has_id and configured and engine is F), combo
+        assert d.to in (None, Status.FAILED_TRANSIENT, Status.CANCELLED)
+        assert d.to != "completed"
+
+
+def test_a_remote_stop_is_asked_only_of_a_running_engine_with_a_reason_to_stop() -> None:
+    for combo in DIMENSIONS:
+        has_id, in_flight, configured, engine, unknown_id, cause, overdue, sent, flag = combo
+        d = decide(obs(has_id=has_id, in_flight=in_flight, configured=configured,
+                       engine=engine, unknown_id=unknown_id, cause=cause, overdue=overdue,
+                       stop_sent=sent, flag=flag))
+        if d.action is Action.STOP_REMOTE:
+            assert has_id and configured and engine is R and cause is not None and not sent
+
+
+def test_the_seed_table_rows() -> None:
+    """The four rows of the table in docs/external.md."""
+    assert decide(obs(engine=F)).to is Status.FAILED_TRANSIENT  # row 1
+    assert decide(obs(engine=R, cause="limit")).action is Action.STOP_REMOTE  # row 2
+    assert decide(obs(engine=F, cause="limit")).to is Status.FAILED_TRANSIENT  # row 3
+    assert decide(obs(has_id=False, engine=R)).action is Action.FLAG  # row 4
+
+
+def test_causes_rank_operator_then_cancel_then_limit() -> None:
+    everything = dataclasses.replace(
+        obs(engine=F, cause="limit"), cancel_requested_at=NOW - timedelta(minutes=1),
+        operator_end=OperatorEnd.FAIL, operator_end_at=NOW - timedelta(seconds=5))
+    assert stop_cause(everything) == (StopCause.OPERATOR_FAIL, NOW - timedelta(seconds=5))
+    assert decide(everything).to is Status.FAILED_TRANSIENT
+    no_operator = dataclasses.replace(everything, operator_end=None, operator_end_at=None)
+    assert stop_cause(no_operator) == (StopCause.CANCEL, NOW - timedelta(minutes=1))
+    assert decide(no_operator).to is Status.CANCELLED
+    only_limit = dataclasses.replace(no_operator, cancel_requested_at=None)
+    cause = stop_cause(only_limit)
+    assert cause is not None and cause[0] is StopCause.LIMIT
+    assert only_limit.triggered_at is not None and only_limit.max_duration is not None
+    assert cause[1] == only_limit.triggered_at + only_limit.max_duration
+
+
+def test_an_unconfirmed_stop_is_flagged_exactly_stop_flag_after_it_was_first_wanted() -> None:
+    base = obs(engine=R, cause="cancel", stop_sent=True)
+    asked = base.cancel_requested_at
+    assert asked is not None
+    just_before = dataclasses.replace(base, now=asked + FLAG_AFTER - timedelta(microseconds=1))
+    at = dataclasses.replace(base, now=asked + FLAG_AFTER)
+    assert decide(just_before).action is Action.NOTHING
+    flagged = decide(at)
+    assert (flagged.action, flagged.flag) == (Action.FLAG, FlagKind.STOP_UNCONFIRMED)
+    assert flagged.reason == "cancel requested; the engine did not confirm the stop"
+    limit = decide(obs(engine=R, cause="limit", stop_sent=True, overdue=True))
+    assert limit.reason == "limit breached; the engine did not confirm the stop"
+
+
+def test_a_trigger_in_flight_is_not_news_until_its_grace_has_passed() -> None:
+    o = obs(has_id=False, engine=U)
+    assert o.triggered_at is not None and o.trigger_grace == GRACE
+    young = dataclasses.replace(o, triggered_at=NOW - GRACE + timedelta(microseconds=1))
+    old = dataclasses.replace(o, triggered_at=NOW - GRACE)
+    assert decide(young).action is Action.NOTHING
+    assert (decide(old).action, decide(old).flag) == (Action.FLAG, FlagKind.NO_EXTERNAL_ID)
+    never = dataclasses.replace(o, triggered_at=None)
+    assert decide(never).action is Action.FLAG
 
 
 def test_reasons_tell_the_cases_apart() -> None:
     reasons = {
-        decide(True, False, F).reason,
-        decide(True, True, F).reason,
-        decide(True, True, R).reason,
-        decide(True, False, R).reason,
-        decide(True, False, U).reason,
-        decide(False, False, U).reason,
+        decide(obs(engine=F)).reason,
+        decide(obs(engine=F, cause="limit")).reason,
+        decide(obs(engine=F, cause="cancel")).reason,
+        decide(obs(engine=R, cause="limit")).reason,
+        decide(obs(engine=R)).reason,
+        decide(obs(engine=U)).reason,
+        decide(obs(engine=U, unknown_id=True)).reason,
+        decide(obs(has_id=False)).reason,
+        decide(obs(configured=False)).reason,
     }
-    assert len(reasons) == 6
-    assert "no external execution id" in decide(False, True, R).reason
-    assert "unknown" in decide(True, True, U).reason
+    assert len(reasons) == 9
 
 
 def test_decision_is_frozen() -> None:
-    decision = decide(True, True, R)
+    decision = decide(obs(engine=R, cause="limit"))
     with pytest.raises(AttributeError):
         decision.action = Action.NOTHING  # type: ignore[misc]
 
 
 def test_enum_values_are_stable() -> None:
     assert [s.value for s in EngineState] == ["finished", "running", "unknown"]
-    assert [a.value for a in Action] == ["nothing", "terminate_local", "stop_remote", "flag"]
+    assert [a.value for a in Action] == ["nothing", "end", "stop_remote", "flag"]
+    assert [k.value for k in FlagKind] == [
+        "no_external_id", "trigger_unknown", "engine_unconfigured", "unknown_id",
+        "stop_unconfirmed", "forced"]
+
+
+def test_decision_carries_no_status_unless_it_ends() -> None:
+    assert Decision(Action.NOTHING, "x").to is None
 
 
 # ---------------------------------------------------------------------------
@@ -171,8 +284,8 @@ def test_empty_stopped_at_is_not_set() -> None:
 
 def test_waiting_run_past_its_limit_is_stopped_remotely_never_just_marked() -> None:
     engine = classify_n8n("waiting", STOPPED)
-    assert decide(True, True, engine).action is Action.STOP_REMOTE
-    assert decide(True, False, engine).action is Action.NOTHING
+    assert decide(obs(engine=engine, cause="limit")).action is Action.STOP_REMOTE
+    assert decide(obs(engine=engine)).action is Action.NOTHING
 
 
 # ---------------------------------------------------------------------------

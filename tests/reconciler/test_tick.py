@@ -61,7 +61,9 @@ async def test_engine_calls_run_concurrently_up_to_the_bound(rig: Rig) -> None:
 def test_always_on_with_the_documented_defaults() -> None:
     defaults = Settings().reconciler
     assert defaults.interval == 120 and defaults.concurrency == 16
-    assert set(ReconcilerSettings.model_fields) == {"interval", "concurrency", "engine_timeout"}
+    assert set(ReconcilerSettings.model_fields) == {
+        "interval", "concurrency", "engine_timeout", "stop_flag_after"}
+    assert defaults.stop_flag_after == 600
     assert load_settings(env={"VERACITY_RECONCILER_INTERVAL": "2.5"}).reconciler.interval == 2.5
     assert ReconcilerService.__init__.__kwdefaults__ is not None
     assert ReconcilerService.__init__.__kwdefaults__["concurrency"] == 16

@@ -204,15 +204,24 @@ async def test_operator_ends_a_flagged_execution(
     response = await client.put(f"/v1/executions/{eid}/resolve", json={
         "action": action, "reason": "n8n has no such run", "by": "bob"})
 
+    # without an external id the operator's word is all there is: allowed, and recorded
+    # as an end the engine did not confirm
     assert response.status_code == 200, response.text
+    assert response.headers["X-Veracity-Resolution"] == "unconfirmed"
     assert response.json()["status"] == status
     e = await rig.get(eid)
     assert e.status == status and e.result is None
     if action == "fail":
-        assert e.error == {"code": "operator", "message": "n8n has no such run", "by": "bob"}
+        assert e.error == {"code": "operator", "message": "n8n has no such run", "by": "bob",
+                           "engine_confirmed": False}
+    assert e.flag_kind == "forced" and e.flagged_at is not None
     terminal = await rig.terminal_events(eid)
     assert [ev.kind for ev in terminal] == [str(status)]
-    assert terminal[0].data == {"by": "bob", "reason": "n8n has no such run", "resolved": True}
+    assert terminal[0].data == {
+        "by": "bob", "reason": "n8n has no such run", "resolved": True,
+        "engine_confirmed": False, "external_execution_id": None,
+        "why_unconfirmed": "it has no external id: the engine could not be asked whether "
+                           "the run exists, nor stopped"}
     # resolved: the reconciler no longer looks at it
     assert (await rig.tick()).examined == 0
     await rig.assert_truthful()
@@ -222,7 +231,8 @@ async def test_resolved_executions_leave_the_flagged_list(
     rig: Rig, client: httpx.AsyncClient
 ) -> None:
     """The flagged list is the operators' to-do list: once an execution is resolved (attach
-    clears its flag) or ended by a callback, it must not stay on it."""
+    clears its flag) or ended by a callback, it must not stay on it; one ended without the
+    engine's confirmation stays on it as forced (its run may still be going there)."""
     failed = await rig.delegate_only(SLOW)
     cancelled = await rig.delegate_only(SLOW)
     attached = await rig.delegate_only(SLOW)
@@ -241,8 +251,9 @@ async def test_resolved_executions_leave_the_flagged_list(
         headers={"Authorization": f"Bearer {callback_token(rig, forgotten.run_id)}"})
     assert response.status_code == 200, response.text
     listed = await client.get("/v1/executions", params={"flagged": "true"})
-    still = {item["id"]: item["status"] for item in listed.json()["items"]}
-    assert still == {}, f"resolved executions still listed as flagged: {still}"
+    still = {item["id"]: (item["status"], item["flag_kind"]) for item in listed.json()["items"]}
+    assert still == {str(failed): ("failed_transient", "forced"),
+                     str(cancelled): ("cancelled", "forced")}
 
 
 async def test_resolve_refusals(rig: Rig, client: httpx.AsyncClient) -> None:
@@ -315,8 +326,11 @@ async def test_veracity_resolve_command(rig: Rig, database_url: str, tmp_path: P
     code, out, err = await cli("resolve", str(fail), "--fail", "--reason", "gone", "--by", "dan")
     assert code == 0, err
     assert "failed_transient" in out
+    # ended without the engine's confirmation: the CLI warns
+    assert err.startswith(f"warning: {fail} ended failed_transient WITHOUT the engine's "
+                          "confirmation"), err
     terminal = await rig.terminal_events(fail)
-    assert terminal[0].data == {"by": "dan", "reason": "gone", "resolved": True}
+    assert terminal[0].data["by"] == "dan" and terminal[0].data["engine_confirmed"] is False
     code, out, err = await cli("resolve", str(fail), "--cancel", "--reason", "again")
     assert code == 1 and "error:" in err
     code, out, err = await cli("resolve", str(attach), "--fail", "--cancel", "--reason", "x")

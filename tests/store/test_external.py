@@ -15,7 +15,7 @@ import dataclasses
 import random
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -32,6 +32,7 @@ from tests.store._support import (
     unique_ffqn,
 )
 from veracity.clock import ManualClock
+from veracity.core.reconcile import FlagKind, WriteKind
 from veracity.core.states import Status
 from veracity.models import (
     CallbackResult,
@@ -54,6 +55,31 @@ OWNER = "worker-a"
 STALE = "lease is held by another owner or epoch"
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+def flag_action(eid: uuid.UUID, external_id: str | None, reason: str,
+                data: dict[str, Any] | None = None, kind: FlagKind | None = None
+                ) -> ReconcileAction:
+    """A flag decided by a look; by default the kind a look would give it."""
+    if kind is None:
+        kind = FlagKind.NO_EXTERNAL_ID if external_id is None else FlagKind.UNKNOWN_ID
+    return ReconcileAction(eid, external_id, WriteKind.FLAG, reason, data or {}, flag=kind)
+
+
+def end_action(eid: uuid.UUID, external_id: str | None, reason: str,
+               data: dict[str, Any] | None = None, to: Status = Status.FAILED_TRANSIENT
+               ) -> ReconcileAction:
+    """An end decided by a look (the engine confirmed the run finished)."""
+    return ReconcileAction(eid, external_id, WriteKind.TERMINATE, reason, data or {}, to=to)
+
+
+async def operator_ends(store: Store, eid: uuid.UUID, action: str = "cancel",
+                        reason: str = "r", actor: str = "ops") -> ControlResult:
+    """An operator ends a delegated run without the engine's confirmation (forced)."""
+    current = await get(store, eid)
+    return await store.execution_resolve(
+        eid, action=action, external_id=None, reason=reason, actor=actor,
+        expected_external_id=current.external_execution_id, unconfirmed="forced in a test")
 
 
 async def running(store: Store, owner: str = OWNER, execution_id: uuid.UUID | None = None
@@ -275,7 +301,7 @@ async def test_record_external_id_with_actor_and_reason_clears_the_flag(
     store: Store, clock: ManualClock
 ) -> None:
     eid = await delegated(store)
-    flag = ReconcileAction(eid, None, "flag", "no external id after the grace period")
+    flag = flag_action(eid, None, "no external id after the grace period")
     assert await store.execution_reconcile_apply([flag]) == [flag]
     assert (await get(store, eid)).flagged_at == clock.now()
 
@@ -315,8 +341,7 @@ async def in_state(store: Store, how: str) -> uuid.UUID:
         eid = await delegated(store)
     else:
         raise AssertionError(f"unknown situation {how!r}")
-    assert (await store.execution_resolve(
-        eid, action="cancel", external_id=None, reason="r", actor="ops")).changed
+    assert (await operator_ends(store, eid)).changed
     return eid
 
 
@@ -385,7 +410,7 @@ async def test_end_external_without_an_id_and_without_an_event(store: Store) -> 
     """The trigger's refusal: delegated, no external id yet (expected None); a flag it
     carried is cleared with it."""
     eid = await delegated(store)
-    flag = ReconcileAction(eid, None, "flag", "unsure")
+    flag = flag_action(eid, None, "unsure")
     assert await store.execution_reconcile_apply([flag]) == [flag]
 
     res = await store.execution_end_external(
@@ -586,11 +611,10 @@ async def test_callback_on_an_execution_that_ended_otherwise_is_a_conflict(
         assert (await store.execution_callback(eid, TOKEN, "fail", {"message": "first"})
                 ).outcome == "applied"
     elif ended == "reconciler":
-        action = ReconcileAction(eid, "run-1", "terminate", "limit breached")
+        action = end_action(eid, "run-1", "limit breached")
         assert await store.execution_reconcile_apply([action]) == [action]
     else:
-        assert (await store.execution_resolve(
-            eid, action="cancel", external_id=None, reason="r", actor="ops")).changed
+        assert (await operator_ends(store, eid)).changed
     before = await snapshot(store, eid)
     clock.advance(1)
 
@@ -626,8 +650,7 @@ async def test_external_running_lists_running_delegated_executions_by_id(
         else:
             await delegated(store, execution_id=eid)
     flagged = ids[3]
-    flag = ReconcileAction(flagged, (await get(store, flagged)).external_execution_id, "flag",
-                           "slow")
+    flag = flag_action(flagged, (await get(store, flagged)).external_execution_id, "slow")
     assert await store.execution_reconcile_apply([flag]) == [flag]
     # none of these is a running delegated execution
     await running(store)
@@ -636,8 +659,7 @@ async def test_external_running_lists_running_delegated_executions_by_id(
     ended = await attached(store, "run-ended")
     assert (await store.execution_callback(ended, TOKEN, "complete", 1)).outcome == "applied"
     cancelled = await delegated(store)
-    assert (await store.execution_resolve(
-        cancelled, action="cancel", external_id=None, reason="r", actor="ops")).changed
+    assert (await operator_ends(store, cancelled)).changed
 
     everything = await store.execution_external_running()
 
@@ -668,10 +690,10 @@ async def test_external_running_lists_running_delegated_executions_by_id(
 
 async def test_reconcile_terminate(store: Store, clock: ManualClock) -> None:
     eid = await attached(store, "run-1")
-    flag = ReconcileAction(eid, "run-1", "flag", "engine unreachable")
+    flag = flag_action(eid, "run-1", "engine unreachable")
     assert await store.execution_reconcile_apply([flag]) == [flag]
     at = clock.advance(60)
-    action = ReconcileAction(eid, "run-1", "terminate", "limit of 60s breached",
+    action = end_action(eid, "run-1", "limit of 60s breached",
                              {"limit_s": 60, "engine_status": "running"})
 
     assert await store.execution_reconcile_apply([action]) == [action]
@@ -695,7 +717,7 @@ async def test_reconcile_terminate(store: Store, clock: ManualClock) -> None:
 
 async def test_reconcile_terminate_a_run_that_never_got_an_id(store: Store) -> None:
     eid = await delegated(store)
-    action = ReconcileAction(eid, None, "terminate", "no run found in the engine")
+    action = end_action(eid, None, "no run found in the engine")
     assert await store.execution_reconcile_apply([action]) == [action]
     ex = await get(store, eid)
     assert ex.status == Status.FAILED_TRANSIENT
@@ -707,17 +729,18 @@ async def test_reconcile_flag(store: Store, clock: ManualClock) -> None:
     eid = await attached(store, "run-1")
     before = await get(store, eid)
     at = clock.advance(10)
-    action = ReconcileAction(eid, "run-1", "flag", "engine says: unknown run", {"tries": 3})
+    action = flag_action(eid, "run-1", "engine says: unknown run", {"tries": 3})
 
     assert await store.execution_reconcile_apply([action]) == [action]
 
     ex = await get(store, eid)
     assert ex == dataclasses.replace(before, flagged_at=at, flag_reason="engine says: unknown run",
+                                     flag_kind="unknown_id",
                                      history_seq=before.history_seq + 1)
     events = await assert_history_consistent(store, eid)
     assert (events[-1].kind, events[-1].at) == ("flagged", at)
     assert events[-1].data == {"by": "reconciler", "reason": "engine says: unknown run",
-                               "tries": 3}
+                               "tries": 3, "flag_kind": "unknown_id"}
     assert [e.id for e in await store.execution_list(ExecutionFilter(flagged=True),
                                                      limit=10)] == [eid]
 
@@ -728,15 +751,36 @@ async def test_reconcile_flag(store: Store, clock: ManualClock) -> None:
     await assert_unchanged(store, eid, snap)
     assert (await get(store, eid)).flagged_at == at
 
-    # a new reason replaces the old one
+    # a new reason (or kind) replaces the old one
     at2 = clock.advance(10)
-    newer = ReconcileAction(eid, "run-1", "flag", "engine unreachable")
+    newer = flag_action(eid, "run-1", "limit breached; the engine did not confirm the stop",
+                        kind=FlagKind.STOP_UNCONFIRMED)
     assert await store.execution_reconcile_apply([newer]) == [newer]
     ex = await get(store, eid)
-    assert (ex.status, ex.flagged_at, ex.flag_reason) == (
-        Status.RUNNING, at2, "engine unreachable")
+    assert (ex.status, ex.flagged_at, ex.flag_reason, ex.flag_kind) == (
+        Status.RUNNING, at2, "limit breached; the engine did not confirm the stop",
+        "stop_unconfirmed")
     events = await assert_history_consistent(store, eid)
     assert kinds(events)[-2:] == ["flagged", "flagged"]
+
+    # the engine finds the run again: the flag is cleared, the run goes on
+    at3 = clock.advance(10)
+    clear = ReconcileAction(eid, "run-1", WriteKind.UNFLAG, "found", {"engine_status": "running"})
+    assert await store.execution_reconcile_apply([clear]) == [clear]
+    ex = await get(store, eid)
+    assert (ex.status, ex.flagged_at, ex.flag_reason, ex.flag_kind) == (
+        Status.RUNNING, None, None, None)
+    events = await assert_history_consistent(store, eid)
+    assert (events[-1].kind, events[-1].at) == ("unflagged", at3)
+    assert events[-1].data == {
+        "by": "reconciler", "reason": "found", "engine_status": "running",
+        "was": {"flag_kind": "stop_unconfirmed",
+                "flag_reason": "limit breached; the engine did not confirm the stop"}}
+    assert await store.execution_list(ExecutionFilter(flagged=True), limit=10) == []
+    # clearing a flag that is not there changes nothing
+    snap = await snapshot(store, eid)
+    assert await store.execution_reconcile_apply([clear]) == []
+    await assert_unchanged(store, eid, snap)
 
 
 async def test_reconcile_flag_without_id_keeps_the_first_reason(
@@ -745,16 +789,18 @@ async def test_reconcile_flag_without_id_keeps_the_first_reason(
     """The trigger's own flag (outcome unknown) is more specific than the reconciler's
     later "no external id": it is kept."""
     eid = await delegated(store)
-    first = ReconcileAction(eid, None, "flag", "the trigger's outcome is unknown")
+    first = flag_action(eid, None, "the trigger's outcome is unknown",
+                        kind=FlagKind.TRIGGER_UNKNOWN)
     at = clock.now()
     assert await store.execution_reconcile_apply([first]) == [first]
     before = await snapshot(store, eid)
     clock.advance(60)
-    later = ReconcileAction(eid, None, "flag", "no external id after 60s")
+    later = flag_action(eid, None, "no external id after 60s")
     assert await store.execution_reconcile_apply([later, first]) == []
     await assert_unchanged(store, eid, before)
     ex = await get(store, eid)
-    assert (ex.flagged_at, ex.flag_reason) == (at, "the trigger's outcome is unknown")
+    assert (ex.flagged_at, ex.flag_reason, ex.flag_kind) == (
+        at, "the trigger's outcome is unknown", "trigger_unknown")
 
 
 SKIPS = ["other_id", "id_now_known", "id_expected_none_missing", "ended", "plain_running",
@@ -762,9 +808,9 @@ SKIPS = ["other_id", "id_now_known", "id_expected_none_missing", "ended", "plain
 
 
 @pytest.mark.parametrize("how", SKIPS)
-@pytest.mark.parametrize("kind", ["terminate", "flag"])
+@pytest.mark.parametrize("kind", list(WriteKind))
 async def test_reconcile_skips_an_action_that_no_longer_applies(
-    store: Store, clock: ManualClock, how: str, kind: str
+    store: Store, clock: ManualClock, how: str, kind: WriteKind
 ) -> None:
     if how == "other_id":
         eid, seen = await attached(store, "run-new"), "run-old"
@@ -785,7 +831,8 @@ async def test_reconcile_skips_an_action_that_no_longer_applies(
     clock.advance(1)
 
     applied = await store.execution_reconcile_apply(
-        [ReconcileAction(eid, seen, kind, "stale decision")])
+        [ReconcileAction(eid, seen, kind, "stale decision",
+                         flag=FlagKind.UNKNOWN_ID if kind is WriteKind.FLAG else None)])
 
     assert applied == []
     if before is None:
@@ -803,9 +850,9 @@ async def test_reconcile_writes_an_execution_once_per_call(store: Store) -> None
     """An action repeated within one call is applied once (one event, one seq)."""
     a = await attached(store, "run-a")
     b = await attached(store, "run-b")
-    flag_a = ReconcileAction(a, "run-a", "flag", "slow")
-    end_b = ReconcileAction(b, "run-b", "terminate", "gone")
-    flag_b = ReconcileAction(b, "run-b", "flag", "slow")
+    flag_a = flag_action(a, "run-a", "slow")
+    end_b = end_action(b, "run-b", "gone")
+    flag_b = flag_action(b, "run-b", "slow")
 
     applied = await store.execution_reconcile_apply([flag_a, end_b, flag_a, end_b, flag_b])
 
@@ -827,21 +874,21 @@ async def test_reconcile_applies_many_mixed_actions_in_one_call(
     other_id = [await attached(store, f"run-o{i}") for i in range(5)]
     ended = [await attached(store, f"run-e{i}") for i in range(5)]
     for eid in ended:
-        assert (await store.execution_resolve(
-            eid, action="fail", external_id=None, reason="r", actor="ops")).changed
+        assert (await operator_ends(store, eid, "fail")).changed
     plain = [(await running(store)).execution_id for _ in range(5)]
     unknown = [uuid.uuid4() for _ in range(5)]
 
     actions = (
-        [ReconcileAction(e, f"run-t{i}", "terminate", f"breach {i}", {"i": i})
+        [end_action(e, f"run-t{i}", f"breach {i}", {"i": i},
+                    to=Status.CANCELLED if i % 2 else Status.FAILED_TRANSIENT)
          for i, e in enumerate(terminate)]
-        + [ReconcileAction(e, f"run-f{i}", "flag", f"stuck {i}", {"i": i})
+        + [flag_action(e, f"run-f{i}", f"stuck {i}", {"i": i})
            for i, e in enumerate(flag)]
-        + [ReconcileAction(e, f"run-x{i}", "terminate", "stale", {}) for i, e in
+        + [end_action(e, f"run-x{i}", "stale", {}) for i, e in
            enumerate(other_id)]
-        + [ReconcileAction(e, f"run-e{i}", "flag", "stale", {}) for i, e in enumerate(ended)]
-        + [ReconcileAction(e, None, "terminate", "stale", {}) for e in plain]
-        + [ReconcileAction(e, None, "flag", "stale", {}) for e in unknown]
+        + [flag_action(e, f"run-e{i}", "stale", {}) for i, e in enumerate(ended)]
+        + [end_action(e, None, "stale", {}) for e in plain]
+        + [flag_action(e, None, "stale", {}) for e in unknown]
     )
     assert len(actions) == 50
     random.Random(7).shuffle(actions)
@@ -856,17 +903,21 @@ async def test_reconcile_applies_many_mixed_actions_in_one_call(
     assert len(applied) == 30
     for i, eid in enumerate(terminate):
         ex = await get(store, eid)
-        assert (ex.status, ex.updated_at) == (Status.FAILED_TRANSIENT, at)
-        assert ex.error == {"code": "reconciler", "message": f"breach {i}", "i": i}
+        to = Status.CANCELLED if i % 2 else Status.FAILED_TRANSIENT
+        assert (ex.status, ex.updated_at) == (to, at)
+        assert ex.error == (None if i % 2 else
+                            {"code": "reconciler", "message": f"breach {i}", "i": i})
         events = await assert_history_consistent(store, eid)
         assert (events[-1].kind, events[-1].data) == (
-            "failed_transient", {"by": "reconciler", "reason": f"breach {i}", "i": i})
+            str(to), {"by": "reconciler", "reason": f"breach {i}", "i": i})
     for i, eid in enumerate(flag):
         ex = await get(store, eid)
-        assert (ex.status, ex.flagged_at, ex.flag_reason) == (Status.RUNNING, at, f"stuck {i}")
+        assert (ex.status, ex.flagged_at, ex.flag_reason, ex.flag_kind) == (
+            Status.RUNNING, at, f"stuck {i}", "unknown_id")
         events = await assert_history_consistent(store, eid)
         assert (events[-1].kind, events[-1].data) == (
-            "flagged", {"by": "reconciler", "reason": f"stuck {i}", "i": i})
+            "flagged", {"by": "reconciler", "reason": f"stuck {i}", "i": i,
+                        "flag_kind": "unknown_id"})
     for eid in skipped:
         await assert_unchanged(store, eid, before[eid])
     for eid in unknown:
@@ -881,8 +932,8 @@ async def test_reconcile_apply_is_one_transaction(store: Store) -> None:
     before = {eid: await snapshot(store, eid) for eid in (a, b)}
     with pytest.raises(ValueError, match="unknown reconciler action"):
         await store.execution_reconcile_apply([
-            ReconcileAction(a, "run-a", "terminate", "breach"),
-            ReconcileAction(b, "run-b", "restart", "?"),
+            end_action(a, "run-a", "breach"),
+            ReconcileAction(b, "run-b", cast(Any, "restart"), "?"),
         ])
     for eid in (a, b):
         await assert_unchanged(store, eid, before[eid])
@@ -893,8 +944,8 @@ async def test_reconcile_apply_is_undone_when_history_insert_fails(
 ) -> None:
     a = await attached(store, "run-a")
     b = await attached(store, "run-b")
-    actions = [ReconcileAction(a, "run-a", "terminate", "breach"),
-               ReconcileAction(b, "run-b", "flag", "slow")]
+    actions = [end_action(a, "run-a", "breach"),
+               flag_action(b, "run-b", "slow")]
     before = {eid: await snapshot(store, eid) for eid in (a, b)}
     with raw.history_insert_fails(), pytest.raises(DB_ERRORS, match="boom"):
         await store.execution_reconcile_apply(actions)
@@ -908,7 +959,7 @@ async def test_reconcile_apply_is_undone_when_history_insert_fails(
 
 async def test_resolve_attach(store: Store) -> None:
     eid = await delegated(store)
-    flag = ReconcileAction(eid, None, "flag", "the trigger's outcome is unknown")
+    flag = flag_action(eid, None, "the trigger's outcome is unknown")
     assert await store.execution_reconcile_apply([flag]) == [flag]
     before = await get(store, eid)
 
@@ -918,7 +969,8 @@ async def test_resolve_attach(store: Store) -> None:
     ex = await get(store, eid)
     assert res == ControlResult(ex, changed=True)
     assert ex == dataclasses.replace(before, external_execution_id="run-9", flagged_at=None,
-                                     flag_reason=None, history_seq=before.history_seq + 1)
+                                     flag_reason=None, flag_kind=None,
+                                     history_seq=before.history_seq + 1)
     assert ex.status == Status.RUNNING
     events = await assert_history_consistent(store, eid)
     assert events[-1].kind == "external_started"
@@ -935,28 +987,114 @@ async def test_resolve_attach(store: Store) -> None:
 
 @pytest.mark.parametrize(("action", "to"), [("fail", Status.FAILED_TRANSIENT),
                                             ("cancel", Status.CANCELLED)])
-@pytest.mark.parametrize("with_id", [True, False], ids=["attached", "without_id"])
-async def test_resolve_ends_the_run(
-    store: Store, clock: ManualClock, action: str, to: Status, with_id: bool
+async def test_resolve_with_an_id_records_the_request_and_ends_nothing(
+    store: Store, clock: ManualClock, action: str, to: Status
 ) -> None:
-    eid = await (attached(store, "run-1") if with_id else delegated(store))
-    flag = ReconcileAction(eid, "run-1" if with_id else None, "flag", "stuck")
-    assert await store.execution_reconcile_apply([flag]) == [flag]
+    """With an external id, an operator's fail/cancel is a request: the execution stays
+    running with it until a look finds the engine run finished (docs/external.md)."""
+    eid = await attached(store, "run-1")
+    assert await store.execution_reconcile_apply([flag_action(eid, "run-1", "stuck")])
+    before = await get(store, eid)
     at = clock.advance(5)
 
     res = await store.execution_resolve(eid, action=action, external_id=None,
-                                        reason="run deleted in the engine", actor="ops@example")
+                                        reason="customer withdrew", actor="ops@example",
+                                        expected_external_id="run-1")
+
+    ex = await get(store, eid)
+    assert res == ControlResult(ex, changed=True)
+    assert ex == dataclasses.replace(
+        before, end_request={"action": action, "reason": "customer withdrew",
+                             "by": "ops@example"},
+        end_requested_at=at, history_seq=before.history_seq + 1)
+    assert ex.status == Status.RUNNING and ex.flag_kind == "unknown_id"
+    events = await assert_history_consistent(store, eid)
+    assert (events[-1].kind, events[-1].at) == ("end_requested", at)
+    assert events[-1].data == {"action": action, "by": "ops@example",
+                               "reason": "customer withdrew",
+                               "external_execution_id": "run-1", "ends_as": str(to)}
+
+    # once the engine confirms, the look's end applies: the operator's outcome
+    later = clock.advance(5)
+    end = ReconcileAction(eid, "run-1", WriteKind.TERMINATE, "confirmed", {"resolved": True},
+                          to=to, error={"code": "operator", "message": "customer withdrew",
+                                        "by": "ops@example", "engine_confirmed": True})
+    assert await store.execution_reconcile_apply([end]) == [end]
+    ex = await get(store, eid)
+    assert (ex.status, ex.updated_at, ex.end_request, ex.end_requested_at, ex.flag_kind) == (
+        to, later, None, None, None)
+    assert ex.error == ({"code": "operator", "message": "customer withdrew",
+                         "by": "ops@example", "engine_confirmed": True}
+                        if to == Status.FAILED_TRANSIENT else None)
+    await assert_history_consistent(store, eid)
+
+
+@pytest.mark.parametrize(("action", "to"), [("fail", Status.FAILED_TRANSIENT),
+                                            ("cancel", Status.CANCELLED)])
+@pytest.mark.parametrize("with_id", [True, False], ids=["attached", "without_id"])
+async def test_resolve_unconfirmed_ends_the_run_and_keeps_it_flagged_as_forced(
+    store: Store, clock: ManualClock, action: str, to: Status, with_id: bool
+) -> None:
+    eid = await (attached(store, "run-1") if with_id else delegated(store))
+    assert await store.execution_reconcile_apply(
+        [flag_action(eid, "run-1" if with_id else None, "stuck")])
+    at = clock.advance(5)
+
+    res = await store.execution_resolve(
+        eid, action=action, external_id=None, reason="run deleted in the engine",
+        actor="ops@example", expected_external_id="run-1" if with_id else None,
+        unconfirmed="the engine is unreachable")
 
     ex = await get(store, eid)
     assert res == ControlResult(ex, changed=True)
     assert (ex.status, ex.updated_at, ex.result) == (to, at, None)
     assert ex.error == ({"code": "operator", "message": "run deleted in the engine",
-                         "by": "ops@example"} if to == Status.FAILED_TRANSIENT else None)
-    assert (ex.flagged_at, ex.flag_reason) == (None, None)
+                         "by": "ops@example", "engine_confirmed": False}
+                        if to == Status.FAILED_TRANSIENT else None)
+    assert (ex.flagged_at, ex.flag_kind) == (at, "forced")
+    assert ex.flag_reason == (f"ended {to} by ops@example without the engine's confirmation "
+                              "(the engine is unreachable): check the run in the engine")
     events = await assert_history_consistent(store, eid)
     assert (events[-1].kind, events[-1].at) == (str(to), at)
-    assert events[-1].data == {"by": "ops@example", "reason": "run deleted in the engine",
-                               "resolved": True}
+    assert events[-1].data == {
+        "by": "ops@example", "reason": "run deleted in the engine", "resolved": True,
+        "engine_confirmed": False, "why_unconfirmed": "the engine is unreachable",
+        "external_execution_id": "run-1" if with_id else None}
+    # terminal, yet on the flagged list: the run may still be going in the engine
+    assert [e.id for e in await store.execution_list(ExecutionFilter(flagged=True),
+                                                     limit=10)] == [eid]
+    assert await store.execution_flag_counts() == {"forced": 1}
+
+
+async def test_resolve_refuses_to_end_on_a_stale_external_id(
+    store: Store, clock: ManualClock
+) -> None:
+    """The request was decided on one external id; if the execution has another now (an id
+    attached meanwhile), nothing ends: the operator must look again."""
+    eid = await delegated(store)
+    assert (await store.execution_record_external_id(eid, "run-1")).changed
+    before = await snapshot(store, eid)
+    clock.advance(1)
+    for unconfirmed in (None, "no external id"):
+        res = await store.execution_resolve(
+            eid, action="fail", external_id=None, reason="r", actor="ops",
+            expected_external_id=None, unconfirmed=unconfirmed)
+        assert res == ControlResult(
+            before[0], code="engine_not_confirmed",
+            refused="its external id changed meanwhile (now run-1): resolve it again")
+    await assert_unchanged(store, eid, before)
+
+
+async def test_resolve_request_needs_an_external_id(store: Store, clock: ManualClock) -> None:
+    eid = await delegated(store)
+    before = await snapshot(store, eid)
+    clock.advance(1)
+    res = await store.execution_resolve(eid, action="cancel", external_id=None, reason="r",
+                                        actor="ops", expected_external_id=None)
+    assert res == ControlResult(before[0], code="engine_not_confirmed",
+                                refused="it has no external id: the engine cannot confirm "
+                                "anything")
+    await assert_unchanged(store, eid, before)
 
 
 RESOLVE_REFUSALS = [
@@ -979,7 +1117,8 @@ async def test_resolve_refused_unless_running_and_delegated(
     clock.advance(1)
 
     res = await store.execution_resolve(eid, action=action, external_id="run-x",
-                                        reason="why", actor="ops@example")
+                                        reason="why", actor="ops@example",
+                                        unconfirmed=None if action == "attach" else "forced")
 
     assert res == ControlResult(before[0], refused=refused)
     await assert_unchanged(store, eid, before)
@@ -1000,6 +1139,9 @@ async def test_resolve_rejects_bad_requests(store: Store) -> None:
     with pytest.raises(ValueError, match="unknown resolution"):
         await store.execution_resolve(eid, action="complete", external_id=None, reason="r",
                                       actor="ops")
+    with pytest.raises(ValueError, match="cannot be unconfirmed"):
+        await store.execution_resolve(eid, action="attach", external_id="run-1", reason="r",
+                                      actor="ops", unconfirmed="forced")
     for missing in (None, ""):
         with pytest.raises(ValueError, match="external id"):
             await store.execution_resolve(eid, action="attach", external_id=missing,

@@ -115,8 +115,18 @@ def create_api(
     app.state.metrics_registry = metrics_registry
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics() -> PlainTextResponse:
+    async def metrics(request: Request) -> PlainTextResponse:
         """Prometheus metrics, text format."""
+        service: ExecutionService | None = getattr(request.app.state, "service", None)
+        if service is not None and service.metrics is not None:
+            # gauges read from the database, so that what the CLI did counts too
+            try:
+                counts = await asyncio.wait_for(service.flag_counts(), health_timeout)
+            except Exception:  # metrics answer even when the database does not
+                counts = None
+            if counts is not None:
+                for kind, child in service.metrics.flagged_children():
+                    child.set(counts.get(kind, 0))
         return PlainTextResponse(
             generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST
         )
@@ -178,8 +188,11 @@ def create_api(
              responses=ERRORS)
     async def cancel(execution_id: str, service: Service) -> ExecutionOut:
         """Cancel an execution whose workflow name ends in -cancellable, and recursively its
-        cancellable children. A running one stops at its next await. Cancelling a terminal
-        execution, or twice, answers 200 and changes nothing; any other name answers 409."""
+        cancellable children. A running one stops at its next await; a run delegated to an
+        external engine is asked to stop there and ends cancelled once the engine confirms
+        it finished (until then it stays running with cancel_requested_at). Cancelling a
+        terminal execution, or twice, answers 200 and changes nothing; any other name
+        answers 409."""
         execution, _ = await service.cancel(execution_id)
         return ExecutionOut.of(execution)
 
@@ -187,7 +200,9 @@ def create_api(
              responses=ERRORS)
     async def pause(execution_id: str, service: Service) -> ExecutionOut:
         """Hold any non-terminal execution: pending and blocked ones at once, a running one at
-        its next step boundary (it releases its lease). 409 for a terminal one."""
+        its next step boundary (it releases its lease). 409 wrong_state for a terminal one;
+        409 not_pausable for a run delegated to an external engine (it cannot pause it:
+        cancel or resolve it instead)."""
         execution, _ = await service.pause(execution_id)
         return ExecutionOut.of(execution)
 
@@ -240,15 +255,25 @@ def create_api(
         return ExecutionOut.of(execution)
 
     @app.put("/v1/executions/{execution_id}/resolve", response_model=ExecutionOut,
-             responses=ERRORS)
-    async def resolve(execution_id: str, body: ResolveRequest, service: Service
-                      ) -> ExecutionOut:
+             responses={202: {"model": ExecutionOut,
+                              "description": "Stop requested; still running until the "
+                                             "engine confirms the run finished"}, **ERRORS})
+    async def resolve(execution_id: str, body: ResolveRequest, service: Service,
+                      response: Response) -> ExecutionOut:
         """An operator resolves a flagged (or any running delegated) execution: attach the
-        engine's id, or end the run as failed_transient (fail) or cancelled (cancel)."""
-        execution, _ = await service.resolve(
+        engine's id, or end the run as failed_transient (fail) or cancelled (cancel) once
+        its engine confirms the run finished (200; 202 while the engine has accepted the
+        stop but not confirmed it; 409 engine_not_confirmed when it could not be asked or
+        refused: the request stays recorded). ``force`` ends it without the engine's
+        confirmation, flagged as forced. The header X-Veracity-Resolution says which
+        (attached, ended, stop_requested, forced, unconfirmed). See docs/external.md."""
+        resolved = await service.resolve(
             execution_id, action=body.action, external_id=body.external_execution_id,
-            reason=body.reason, actor=body.by)
-        return ExecutionOut.of(execution)
+            reason=body.reason, actor=body.by, force=body.force)
+        response.headers["X-Veracity-Resolution"] = resolved.outcome
+        if resolved.outcome == "stop_requested":
+            response.status_code = 202
+        return ExecutionOut.of(resolved.execution)
 
     @app.get("/v1/workers", response_model=WorkerPage, responses=ERRORS)
     async def list_workers(

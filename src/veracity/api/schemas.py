@@ -66,6 +66,10 @@ class ResolveRequest(BaseModel):
     reason: str = Field(min_length=1, max_length=2000)
     by: str = Field(default="operator", min_length=1, max_length=200,
                     description="Who resolves it (recorded in history)")
+    force: StrictBool = Field(
+        default=False,
+        description="fail/cancel only: end it even if the engine cannot confirm the run "
+                    "finished (recorded as forced, kept on the flagged list)")
 
 
 class MessageOut(BaseModel):
@@ -100,6 +104,13 @@ class ExecutionOut(BaseModel):
     triggered_at: datetime | None = None
     flagged_at: datetime | None = None
     flag_reason: str | None = None
+    flag_kind: str | None = Field(
+        default=None, description="Why it is flagged: no_external_id, trigger_unknown, "
+        "engine_unconfigured, unknown_id, stop_unconfirmed, forced")
+    end_request: Any = Field(
+        default=None, description="An operator's request to end a delegated run, waiting "
+        "for the engine to confirm the stop: {action, reason, by}")
+    end_requested_at: datetime | None = None
     waiting_reason: str | None = Field(
         default=None, description="Why a pending execution is not being run (if known)"
     )
@@ -131,6 +142,9 @@ class ExecutionOut(BaseModel):
             triggered_at=e.triggered_at,
             flagged_at=e.flagged_at,
             flag_reason=e.flag_reason,
+            flag_kind=e.flag_kind,
+            end_request=e.end_request,
+            end_requested_at=e.end_requested_at,
             waiting_reason=waiting_reason,
         )
 

@@ -26,6 +26,7 @@ from veracity.core.states import Status
 from veracity.errors import ConfigError, VeracityError
 from veracity.models import Execution, ExecutionFilter, HistoryEvent, Message
 from veracity.runtime import Runtime, open_runtime, redact_url
+from veracity.service import Resolved
 from veracity.store import open_store
 
 T = TypeVar("T")
@@ -86,8 +87,9 @@ def settings_from(config_path: str | None, **overrides: Any) -> Settings:
         raise Failure(str(exc)) from None
 
 
-async def with_runtime(settings: Settings, fn: Callable[[Runtime], Awaitable[T]]) -> T:
-    runtime = await open_runtime(settings)
+async def with_runtime(settings: Settings, fn: Callable[[Runtime], Awaitable[T]], *,
+                       engines: bool = False) -> T:
+    runtime = await open_runtime(settings, engines=engines)
     try:
         return await fn(runtime)
     finally:
@@ -374,13 +376,21 @@ def _control(name: str, help_text: str) -> None:
             result: tuple[Execution, bool] = await method(execution_id, actor="cli")
             return result
 
-        execution, changed = run(with_runtime(settings, go))
+        # a cancel may have to ask a delegated run's engine to stop it
+        execution, changed = run(with_runtime(settings, go, engines=name == "cancel"))
         if as_json:
             print_json({**execution_json(execution), "changed": changed})
             return
-        verb = {"cancel": "cancel", "pause": "pause", "unpause": "unpause"}[name]
         note = "" if changed else " (nothing to change)"
-        click.echo(f"{verb}: {execution.id} is {execution.status}{note}")
+        if execution.status == Status.RUNNING and name == "cancel" \
+                and execution.cancel_requested_at is not None:
+            note = ("; cancel requested: its engine was asked to stop the run, and it ends "
+                    "cancelled once the engine confirms" if execution.engine
+                    else "; cancel requested: it stops at its next step")
+        elif execution.status == Status.RUNNING and name == "pause" \
+                and execution.pause_requested_at is not None:
+            note = "; pause requested: it parks at its next step"
+        click.echo(f"{name}: {execution.id} is {execution.status}{note}")
 
 
 _control("cancel", "Cancel a -cancellable execution (and its cancellable children).")
@@ -425,10 +435,17 @@ def send(config_path: str | None, database_url: str | None, app: str | None, as_
 @click.option("--cancel", "cancel_", is_flag=True, help="End the run as cancelled.")
 @click.option("--reason", required=True, help="Why (recorded in history).")
 @click.option("--by", default=None, help="Who resolves it (default: $USER).")
+@click.option("--force", is_flag=True,
+              help="With --fail/--cancel: end it even if the engine cannot confirm the run "
+                   "finished (recorded as forced; it stays on the flagged list).")
 def resolve(config_path: str | None, database_url: str | None, app: str | None,
             as_json: bool, execution_id: str, attach: str | None, fail_: bool,
-            cancel_: bool, reason: str, by: str | None) -> None:
-    """Resolve a flagged external execution: --attach ID, --fail or --cancel."""
+            cancel_: bool, reason: str, by: str | None, force: bool) -> None:
+    """Resolve a flagged external execution: --attach ID, --fail or --cancel.
+
+    --fail and --cancel ask the engine to stop the run and end the execution only once
+    the engine confirms it finished; --force ends it without that confirmation.
+    """
     chosen = [name for name, on in (("attach", attach is not None), ("fail", fail_),
                                     ("cancel", cancel_)) if on]
     if len(chosen) != 1:
@@ -436,13 +453,21 @@ def resolve(config_path: str | None, database_url: str | None, app: str | None,
     settings = settings_from(config_path, database_url=database_url, app=app)
     actor = by or os.environ.get("USER") or "cli"
 
-    async def go(rt: Runtime) -> tuple[Execution, bool]:
+    async def go(rt: Runtime) -> Resolved:
         return await rt.service.resolve(execution_id, action=chosen[0], external_id=attach,
-                                        reason=reason, actor=actor)
+                                        reason=reason, actor=actor, force=force)
 
-    execution, _ = run(with_runtime(settings, go))
+    resolved = run(with_runtime(settings, go, engines=True))
+    execution = resolved.execution
+    if resolved.unconfirmed:
+        click.echo(f"warning: {execution.id} ended {execution.status} WITHOUT the engine's "
+                   f"confirmation ({resolved.message}); the run may still be going in the "
+                   "engine: check it there. It stays on the flagged list.", err=True)
     if as_json:
-        print_json(execution_json(execution))
+        print_json({**execution_json(execution), "resolution": resolved.outcome})
+    elif resolved.outcome == "stop_requested":
+        click.echo(f"resolve ({chosen[0]}): {execution.id} is still {execution.status}: "
+                   f"{resolved.message}")
     else:
         click.echo(f"resolved ({chosen[0]}): {execution.id} is {execution.status}")
 

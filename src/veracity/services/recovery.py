@@ -35,6 +35,8 @@ class RecoveryMetrics:
                              ["outcome"], registry=registry)
         self.actions = Counter("veracity_recovery_actions", "Executions recovered, by action",
                                ["action"], registry=registry)
+        for outcome in ("ran", "skipped_lock", "error"):
+            self.ticks.labels(outcome)
 
 
 class RecoveryService:
@@ -54,6 +56,15 @@ class RecoveryService:
         self.metrics = metrics
 
     async def run_once(self) -> RecoveryResult:
+        """One tick. A tick that fails (the lock's connection cannot be opened, the
+        database raises) counts ``outcome="error"`` and raises; the loop logs it."""
+        try:
+            return await self._tick()
+        except Exception:
+            self._count_tick("error")
+            raise
+
+    async def _tick(self) -> RecoveryResult:
         async with self.store.single_runner(self.name) as acquired:
             if not acquired:
                 self._count_tick("skipped_lock")

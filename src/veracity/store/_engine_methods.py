@@ -210,12 +210,19 @@ class EngineMethods:
 
     async def execution_resolve(
         self, execution_id: uuid.UUID, *, action: str, external_id: str | None, reason: str,
-        actor: str,
+        actor: str, expected_external_id: str | None = None, unconfirmed: str | None = None,
     ) -> ControlResult:
         if action not in ("attach", "fail", "cancel"):
             raise ValueError(f"unknown resolution {action!r}")
         if action == "attach" and not external_id:
             raise ValueError("attach needs an external id")
+        if action == "attach" and unconfirmed is not None:
+            raise ValueError("attaching an id ends nothing: it cannot be unconfirmed")
         result: ControlResult = await self._op(lambda: _ops.resolve(
-            execution_id, action, external_id, reason, actor, self._now()))
+            execution_id, action, external_id, reason, actor, unconfirmed,
+            expected_external_id, self._now()))
         return result
+
+    async def execution_flag_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = await self._op(_ops.flag_counts)
+        return counts

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
 from veracity.core.states import TERMINAL, Status, sources_of
 from veracity.models import (
     JSON,
@@ -56,6 +57,7 @@ class Query:
 Op = Generator[Query, list[Row], Any]
 
 TERMINAL_NAMES = [str(s) for s in TERMINAL]
+NO_ID_FLAGS = frozenset({str(FlagKind.NO_EXTERNAL_ID), str(FlagKind.TRIGGER_UNKNOWN)})
 
 
 def execution_from(row: Row) -> Execution:
@@ -89,6 +91,9 @@ def execution_from(row: Row) -> Execution:
         callback_token_hash=row["callback_token_hash"],
         flagged_at=row["flagged_at"],
         flag_reason=row["flag_reason"],
+        flag_kind=row["flag_kind"],
+        end_request=row["end_request"],
+        end_requested_at=row["end_requested_at"],
     )
 
 
@@ -424,6 +429,10 @@ def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> O
     current = execution_from(row)
     if current.status.is_terminal:
         return ControlResult(current, refused=f"execution is {current.status}")
+    if current.status == Status.RUNNING and current.engine is not None:
+        return ControlResult(current, code="not_pausable", refused=(
+            f"it runs in the engine {current.engine!r}, which cannot pause a run: cancel it "
+            "(if its name allows) or resolve it instead"))
     if current.status == Status.PAUSED or (
         current.status == Status.RUNNING and current.pause_requested_at is not None
     ):
@@ -475,10 +484,18 @@ def delegate_if_owned(claim: Claim, engine: str, callback_token_hash: str,
                       now: datetime | None) -> Op:
     """The worker, before it calls the engine: the execution stays running, now delegated
     (engine set, no external id yet, no lease), and the trigger time is recorded. A crash
-    from here on leaves it without an external id: the reconciler's fourth row."""
+    from here on leaves it without an external id: the reconciler's fourth row.
+
+    A cancel or pause requested since the claim is carried out here instead, and nothing
+    is triggered: the answer's execution is then not delegated (``engine`` is None).
+    """
     row = yield from _fenced(claim, now)
     if row is None:
         return (yield from _late(claim, "trigger", {"engine": engine}, now))
+    if row["cancel_requested_at"] is not None:
+        return (yield from _stop_cancel(claim, row["history_seq"], now))
+    if row["pause_requested_at"] is not None:
+        return (yield from stop_if_owned(claim, "pause", now))
     rows = yield Query("execution_delegate", {
         "id": claim.execution_id, "engine": engine, "token_hash": callback_token_hash,
         "now": now,
@@ -570,10 +587,14 @@ def callback(execution_id: uuid.UUID, token: str, report: str, payload: JSON,
             "error": JsonParam(error) if error is not None else None, "now": now,
             "from_states": _names(sources_of(target, among=[Status.RUNNING])),
         })
-        yield from _events(execution_id, current.history_seq, [(str(target), {
+        data: dict[str, JSON] = {
             "by": "callback", "engine": current.engine,
             "external_execution_id": current.external_execution_id,
-        })], now)
+        }
+        overtaken = _overtaken(current)
+        if overtaken:
+            data["overtook"] = overtaken
+        yield from _events(execution_id, current.history_seq, [(str(target), data)], now)
         return CallbackResult("applied", execution_from(rows[0]))
     same = current.status == target and (
         current.result == result if target == Status.COMPLETED else current.error == error)
@@ -587,19 +608,37 @@ def callback(execution_id: uuid.UUID, token: str, report: str, payload: JSON,
     return CallbackResult("conflict", current)
 
 
+def _overtaken(e: Execution) -> list[JSON]:
+    """Requests to end the run that the engine's own report overtook: its outcome stands
+    (it is what happened), and the history says the request lost the race."""
+    lost: list[JSON] = []
+    if e.cancel_requested_at is not None:
+        lost.append({"request": "cancel", "requested_at": e.cancel_requested_at.isoformat(),
+                     "outcome": "the engine reported first; its outcome stands"})
+    if isinstance(e.end_request, dict):
+        lost.append({"request": f"resolve {e.end_request.get('action')}",
+                     "by": e.end_request.get("by"),
+                     "requested_at": e.end_requested_at.isoformat()
+                     if e.end_requested_at else None,
+                     "outcome": "the engine reported first; its outcome stands"})
+    return lost
+
+
 def external_running(limit: int, after: uuid.UUID | None) -> Op:
     rows = yield Query("execution_external_running", {"limit": limit, "after": after})
     return [execution_from(r) for r in rows]
 
 
 def reconcile_apply(actions: Sequence[ReconcileAction], now: datetime | None) -> Op:
-    """The reconciler's writes of one page, in one transaction and a fixed number of
-    statements whatever the page's size: lock the rows, end the terminated ones in one
-    statement, flag the flagged ones in another, append every history event in a third.
-    Each action applies only if its execution is still running, delegated, with the
-    external id the tick inspected."""
+    """The writes decided by looks at delegated executions (a reconciler tick's page, or
+    one operator request), in one transaction and a fixed number of statements whatever
+    their number: lock the rows, end the terminated ones in one statement, flag the
+    flagged ones in another, clear the flags that no longer hold in a third, append every
+    history event in a fourth. Each action applies only if its execution is still
+    running, delegated, with the external id the look inspected; at most one per
+    execution."""
     for action in actions:
-        if action.kind not in ("terminate", "flag"):
+        if not isinstance(action.kind, WriteKind):
             raise ValueError(f"unknown reconciler action {action.kind!r}")
     rows = yield Query("execution_lock_many", {
         "ids": sorted({a.execution_id for a in actions})})
@@ -607,43 +646,72 @@ def reconcile_apply(actions: Sequence[ReconcileAction], now: datetime | None) ->
     applied: list[ReconcileAction] = []
     ends: list[JSON] = []
     flags: list[JSON] = []
+    unflags: list[JSON] = []
     events: list[JSON] = []
     for action in actions:
         e = current.pop(action.execution_id, None)  # one action per execution at most
         if (e is None or e.status != Status.RUNNING or e.engine is None
                 or e.external_execution_id != action.external_execution_id):
             continue
-        if action.kind == "terminate":
-            ends.append({"id": str(e.id), "error": {
-                "code": "reconciler", "message": action.reason, **action.data}})
-            kind = str(Status.FAILED_TRANSIENT)
-        else:
-            # flagged already: keep the first, more specific reason (e.g. the trigger's)
-            if e.flagged_at is not None and (
-                e.flag_reason == action.reason or e.external_execution_id is None
-            ):
+        data: dict[str, JSON] = {"by": "reconciler", "reason": action.reason, **action.data}
+        if action.kind is WriteKind.TERMINATE:
+            error = action.error if action.error is not None else {
+                "code": "reconciler", "message": action.reason, **action.data}
+            ends.append({"id": str(e.id), "to_status": str(action.to),
+                         "error": error if action.to == Status.FAILED_TRANSIENT else None})
+            kind = str(action.to)
+        elif action.kind is WriteKind.FLAG:
+            assert action.flag is not None
+            if e.flag_kind == action.flag and e.flag_reason == action.reason:
                 continue
-            flags.append({"id": str(e.id), "reason": action.reason})
+            if e.flag_kind in NO_ID_FLAGS and action.flag in NO_ID_FLAGS:
+                continue  # the first, more specific reason stays (e.g. the trigger's)
+            flags.append({"id": str(e.id), "reason": action.reason, "kind": str(action.flag)})
             kind = "flagged"
+            data["flag_kind"] = str(action.flag)
+        else:
+            if e.flagged_at is None:
+                continue
+            unflags.append({"id": str(e.id)})
+            kind = "unflagged"
+            data["was"] = {"flag_kind": e.flag_kind, "flag_reason": e.flag_reason}
         events.append({"execution_id": str(e.id), "seq": e.history_seq + 1, "kind": kind,
-                       "data": {"by": "reconciler", "reason": action.reason, **action.data}})
+                       "data": data})
         applied.append(action)
     if ends:
         yield Query("execution_end_external_many", {
-            "rows": JsonParam(ends), "to_status": str(Status.FAILED_TRANSIENT), "now": now,
-            "from_states": _names(sources_of(Status.FAILED_TRANSIENT, among=[Status.RUNNING])),
+            "rows": JsonParam(ends), "now": now,
+            "from_states": _names(sources_of(Status.FAILED_TRANSIENT, among=[Status.RUNNING])
+                                  + sources_of(Status.CANCELLED, among=[Status.RUNNING])),
         })
     if flags:
         yield Query("execution_flag_many", {"rows": JsonParam(flags), "now": now})
+    if unflags:
+        yield Query("execution_unflag_many", {"rows": JsonParam(unflags)})
     if events:
         yield Query("history_append_many", {"rows": JsonParam(events), "now": now})
     return applied
 
 
+def flag_counts() -> Op:
+    rows = yield Query("execution_flag_counts", {})
+    return {str(r["flag_kind"]): int(r["n"]) for r in rows}
+
+
 def resolve(execution_id: uuid.UUID, action: str, external_id: str | None, reason: str,
-            actor: str, now: datetime | None) -> Op:
-    """An operator resolves a delegated execution: attach the external id, or end it as
-    failed_transient or cancelled, with a written reason."""
+            actor: str, unconfirmed: str | None, expected_external_id: str | None,
+            now: datetime | None) -> Op:
+    """An operator resolves a running delegated execution, with a written reason.
+
+    ``attach``: attach the engine's id (the next look reconciles it normally).
+    ``fail`` / ``cancel`` without ``unconfirmed``: record the request (``end_request`` and
+    an ``end_requested`` event); the execution stays running until a look finds the
+    engine run finished, which ends it through :func:`reconcile_apply`.
+    ``fail`` / ``cancel`` with ``unconfirmed`` (why the engine did not confirm): end it
+    now, ``failed_transient`` or ``cancelled``, and keep it on the flagged list as forced.
+    Both ends of the request apply only while the external id is ``expected_external_id``
+    (the one the operator's request was decided on).
+    """
     row = yield from _lock(execution_id)
     if row is None:
         return ControlResult(None)
@@ -657,13 +725,35 @@ def resolve(execution_id: uuid.UUID, action: str, external_id: str | None, reaso
                                  f"({current.external_execution_id})")
         assert external_id is not None
         return (yield from record_external_id(execution_id, external_id, actor, reason, now))
-    target = Status.FAILED_TRANSIENT if action == "fail" else Status.CANCELLED
-    rows = yield Query("execution_end_external", {
-        "id": execution_id, "to_status": str(target), "result": None, "now": now,
-        "error": JsonParam({"code": "operator", "message": reason, "by": actor})
+    end = OperatorEnd(action)
+    if current.external_execution_id != expected_external_id:
+        return ControlResult(current, refused="its external id changed meanwhile (now "
+                             f"{current.external_execution_id}): resolve it again",
+                             code="engine_not_confirmed")
+    target = Status.FAILED_TRANSIENT if end is OperatorEnd.FAIL else Status.CANCELLED
+    if unconfirmed is None:
+        if current.external_execution_id is None:
+            return ControlResult(current, refused="it has no external id: the engine cannot "
+                                 "confirm anything", code="engine_not_confirmed")
+        rows = yield Query("execution_request_end", {
+            "id": execution_id, "now": now,
+            "request": JsonParam({"action": str(end), "reason": reason, "by": actor})})
+        yield from _events(execution_id, current.history_seq, [("end_requested", {
+            "action": str(end), "by": actor, "reason": reason,
+            "external_execution_id": current.external_execution_id,
+            "ends_as": str(target)})], now)
+        return ControlResult(execution_from(rows[0]), changed=True)
+    flag = (f"ended {target} by {actor} without the engine's confirmation ({unconfirmed}): "
+            "check the run in the engine")
+    rows = yield Query("execution_end_forced", {
+        "id": execution_id, "to_status": str(target), "now": now, "reason": flag,
+        "error": JsonParam({"code": "operator", "message": reason, "by": actor,
+                            "engine_confirmed": False})
         if target == Status.FAILED_TRANSIENT else None,
         "from_states": _names(sources_of(target, among=[Status.RUNNING])),
     })
     yield from _events(execution_id, current.history_seq, [(str(target), {
-        "by": actor, "reason": reason, "resolved": True})], now)
+        "by": actor, "reason": reason, "resolved": True, "engine_confirmed": False,
+        "why_unconfirmed": unconfirmed,
+        "external_execution_id": current.external_execution_id})], now)
     return ControlResult(execution_from(rows[0]), changed=True)

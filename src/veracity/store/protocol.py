@@ -257,11 +257,18 @@ class Store(Protocol):
     async def execution_reconcile_apply(
         self, actions: Sequence[ReconcileAction]
     ) -> list[ReconcileAction]:
-        """The reconciler's writes of one tick, in one transaction; returns those applied."""
+        """The writes decided by looks at delegated executions (ends once the engine
+        confirmed, flags, cleared flags), in one transaction; returns those applied."""
 
     async def execution_resolve(
         self, execution_id: uuid.UUID, *, action: str, external_id: str | None, reason: str,
-        actor: str,
+        actor: str, expected_external_id: str | None = None, unconfirmed: str | None = None,
     ) -> ControlResult:
-        """An operator: attach an external id, or end the run (fail -> failed_transient,
-        cancel -> cancelled) with a written reason."""
+        """An operator, with a written reason: attach an external id; or ask to end the run
+        (fail -> failed_transient, cancel -> cancelled), recorded until a look finds the
+        engine run finished; or, with ``unconfirmed`` (why the engine could not confirm),
+        end it now and keep it flagged as forced. Ends apply only while the external id is
+        ``expected_external_id``."""
+
+    async def execution_flag_counts(self) -> dict[str, int]:
+        """How many executions carry each flag kind (terminal forced ones included)."""

@@ -539,7 +539,7 @@ RETURNING *
 -- name: execution_set_external_id
 UPDATE veracity_executions SET
     external_execution_id = %(external_id)s,
-    flagged_at = NULL, flag_reason = NULL,
+    flagged_at = NULL, flag_reason = NULL, flag_kind = NULL,
     history_seq = history_seq + 1
 WHERE id = %(id)s
 RETURNING *
@@ -547,7 +547,8 @@ RETURNING *
 -- name: execution_end_external
 -- an ended run needs no operator any more: its flag is cleared (history keeps it)
 UPDATE veracity_executions SET
-    flagged_at = NULL, flag_reason = NULL,
+    flagged_at = NULL, flag_reason = NULL, flag_kind = NULL,
+    end_request = NULL, end_requested_at = NULL,
     status = %(to_status)s,
     result = %(result)s,
     error = %(error)s,
@@ -587,28 +588,68 @@ RETURNING *
 SELECT * FROM veracity_executions WHERE id = ANY (%(ids)s::uuid[]) ORDER BY id FOR UPDATE
 
 -- name: execution_end_external_many
--- the reconciler's terminations of one page, rows [{id, error}], all to one status; the
--- caller holds the row locks (execution_lock_many) and checked each row's state
+-- the terminations of one page of looks, rows [{id, to_status, error}]; the caller holds
+-- the row locks (execution_lock_many) and checked each row's state
 UPDATE veracity_executions AS e SET
-    flagged_at = NULL, flag_reason = NULL,
-    status = %(to_status)s,
+    flagged_at = NULL, flag_reason = NULL, flag_kind = NULL,
+    end_request = NULL, end_requested_at = NULL,
+    status = r.to_status,
     result = NULL,
     error = r.error,
     updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = e.history_seq + 1
-FROM json_to_recordset(%(rows)s::json) AS r (id uuid, error json)
+FROM json_to_recordset(%(rows)s::json) AS r (id uuid, to_status text, error json)
 WHERE e.id = r.id AND e.status = ANY (%(from_states)s::text[])
 RETURNING e.id
 
 -- name: execution_flag_many
--- the reconciler's flags of one page, rows [{id, reason}]
+-- flags of one page of looks, rows [{id, reason, kind}]
 UPDATE veracity_executions AS e SET
     flagged_at = coalesce(%(now)s::timestamptz, now()),
     flag_reason = r.reason,
+    flag_kind = r.kind,
     history_seq = e.history_seq + 1
-FROM json_to_recordset(%(rows)s::json) AS r (id uuid, reason text)
+FROM json_to_recordset(%(rows)s::json) AS r (id uuid, reason text, kind text)
 WHERE e.id = r.id
 RETURNING e.id
+
+-- name: execution_unflag_many
+-- flags that no longer hold (the engine found the run), rows [{id}]
+UPDATE veracity_executions AS e SET
+    flagged_at = NULL, flag_reason = NULL, flag_kind = NULL,
+    history_seq = e.history_seq + 1
+FROM json_to_recordset(%(rows)s::json) AS r (id uuid)
+WHERE e.id = r.id
+RETURNING e.id
+
+-- name: execution_request_end
+-- an operator's request to end a delegated run, kept until the engine confirms the stop
+UPDATE veracity_executions SET
+    end_request = %(request)s,
+    end_requested_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + 1
+WHERE id = %(id)s
+RETURNING *
+
+-- name: execution_end_forced
+-- an operator ends a delegated run without the engine's confirmation: it stays flagged
+UPDATE veracity_executions SET
+    status = %(to_status)s,
+    result = NULL,
+    error = %(error)s,
+    end_request = NULL, end_requested_at = NULL,
+    flagged_at = coalesce(%(now)s::timestamptz, now()),
+    flag_reason = %(reason)s,
+    flag_kind = 'forced',
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = history_seq + 1
+WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
+RETURNING *
+
+-- name: execution_flag_counts
+SELECT flag_kind, count(*) AS n FROM veracity_executions
+WHERE flagged_at IS NOT NULL
+GROUP BY flag_kind
 
 -- name: history_append_many
 -- rows [{execution_id, seq, kind, data}]: many executions' events in one statement

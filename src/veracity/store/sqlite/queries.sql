@@ -378,7 +378,7 @@ RETURNING *
 -- name: execution_set_external_id
 UPDATE veracity_executions SET
     external_execution_id = :external_id,
-    flagged_at = NULL, flag_reason = NULL,
+    flagged_at = NULL, flag_reason = NULL, flag_kind = NULL,
     history_seq = history_seq + 1
 WHERE id = :id
 RETURNING *
@@ -386,7 +386,8 @@ RETURNING *
 -- name: execution_end_external
 -- an ended run needs no operator any more: its flag is cleared (history keeps it)
 UPDATE veracity_executions SET
-    flagged_at = NULL, flag_reason = NULL,
+    flagged_at = NULL, flag_reason = NULL, flag_kind = NULL,
+    end_request = NULL, end_requested_at = NULL,
     status = :to_status,
     result = :result,
     error = :error,
@@ -424,30 +425,72 @@ RETURNING *
 SELECT * FROM veracity_executions WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id
 
 -- name: execution_end_external_many
--- the reconciler's terminations of one page, rows [{id, error}], all to one status
+-- the terminations of one page of looks, rows [{id, to_status, error}]
 UPDATE veracity_executions SET
-    flagged_at = NULL, flag_reason = NULL,
-    status = :to_status,
+    flagged_at = NULL, flag_reason = NULL, flag_kind = NULL,
+    end_request = NULL, end_requested_at = NULL,
+    status = r.r_to,
     result = NULL,
     error = r.r_error,
     updated_at = :now,
     history_seq = history_seq + 1
-FROM (SELECT json_extract(value, '$.id') AS r_id, json_extract(value, '$.error') AS r_error
+FROM (SELECT json_extract(value, '$.id') AS r_id, json_extract(value, '$.to_status') AS r_to,
+             json_extract(value, '$.error') AS r_error
       FROM json_each(:rows)) AS r
 WHERE veracity_executions.id = r.r_id
   AND veracity_executions.status IN (SELECT value FROM json_each(:from_states))
 RETURNING id
 
 -- name: execution_flag_many
--- the reconciler's flags of one page, rows [{id, reason}]
+-- flags of one page of looks, rows [{id, reason, kind}]
 UPDATE veracity_executions SET
     flagged_at = :now,
     flag_reason = r.r_reason,
+    flag_kind = r.r_kind,
     history_seq = history_seq + 1
-FROM (SELECT json_extract(value, '$.id') AS r_id, json_extract(value, '$.reason') AS r_reason
+FROM (SELECT json_extract(value, '$.id') AS r_id, json_extract(value, '$.reason') AS r_reason,
+             json_extract(value, '$.kind') AS r_kind
       FROM json_each(:rows)) AS r
 WHERE veracity_executions.id = r.r_id
 RETURNING id
+
+-- name: execution_unflag_many
+-- flags that no longer hold (the engine found the run), rows [{id}]
+UPDATE veracity_executions SET
+    flagged_at = NULL, flag_reason = NULL, flag_kind = NULL,
+    history_seq = history_seq + 1
+FROM (SELECT json_extract(value, '$.id') AS r_id FROM json_each(:rows)) AS r
+WHERE veracity_executions.id = r.r_id
+RETURNING id
+
+-- name: execution_request_end
+-- an operator's request to end a delegated run, kept until the engine confirms the stop
+UPDATE veracity_executions SET
+    end_request = :request,
+    end_requested_at = :now,
+    history_seq = history_seq + 1
+WHERE id = :id
+RETURNING *
+
+-- name: execution_end_forced
+-- an operator ends a delegated run without the engine's confirmation: it stays flagged
+UPDATE veracity_executions SET
+    status = :to_status,
+    result = NULL,
+    error = :error,
+    end_request = NULL, end_requested_at = NULL,
+    flagged_at = :now,
+    flag_reason = :reason,
+    flag_kind = 'forced',
+    updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id = :id AND status IN (SELECT value FROM json_each(:from_states))
+RETURNING *
+
+-- name: execution_flag_counts
+SELECT flag_kind, count(*) AS n FROM veracity_executions
+WHERE flagged_at IS NOT NULL
+GROUP BY flag_kind
 
 -- name: history_append_many
 -- rows [{execution_id, seq, kind, data}]: many executions' events in one statement

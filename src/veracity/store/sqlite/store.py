@@ -116,6 +116,9 @@ def row_to_execution(row: sqlite3.Row) -> Execution:
         callback_token_hash=row["callback_token_hash"],
         flagged_at=_opt_time(row["flagged_at"]),
         flag_reason=row["flag_reason"],
+        flag_kind=row["flag_kind"],
+        end_request=_loads(row["end_request"]),
+        end_requested_at=_opt_time(row["end_requested_at"]),
     )
 
 
@@ -648,9 +651,10 @@ UUID_COLUMNS = frozenset({"id", "parent_id", "execution_id"})
 TIME_COLUMNS = frozenset({
     "scheduled_at", "created_at", "updated_at", "lease_expires_at", "wake_at",
     "cancel_requested_at", "pause_requested_at", "at", "consumed_at", "started_at",
-    "last_heartbeat", "stopped_at", "triggered_at", "flagged_at",
+    "last_heartbeat", "stopped_at", "triggered_at", "flagged_at", "end_requested_at",
 })
-JSON_COLUMNS = frozenset({"params", "result", "error", "data", "payload", "ffqns"})
+JSON_COLUMNS = frozenset({"params", "result", "error", "data", "payload", "ffqns",
+                          "end_request"})
 
 
 def _sqlite_param(value: Any) -> Any:
