@@ -125,7 +125,6 @@ def test_truthfulness_only_a_finished_engine_run_with_an_id_allows_a_terminal_st
         d = decide(obs(has_id=has_id, configured=configured, engine=engine))
         assert (d.action is Action.END) == (has_id and configured and engine is F), combo
         assert d.to in (None, Status.FAILED_TRANSIENT, Status.CANCELLED)
-        assert d.to != "completed"
 
 
 def test_a_remote_stop_is_asked_only_of_a_running_engine_with_a_reason_to_stop() -> None:
