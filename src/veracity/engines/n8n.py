@@ -11,8 +11,9 @@ What Veracity needs of an n8n workflow (see also ``docs/`` and the example workf
 3. The work itself. The trigger's body is ``{"execution_id", "params", "callback":
    {"complete_url", "fail_url", "token"}}``.
 4. Last, an **HTTP Request** node POSTing ``{"result": ...}`` to ``callback.complete_url``
-   with the header ``Authorization: Bearer <callback.token>`` (and, on an error branch,
-   ``{"error": ...}`` to ``callback.fail_url``).
+   with the header ``Authorization: Bearer <callback.token>``; and, on the error output of
+   each work node (``onError: "continueErrorOutput"``), one POSTing ``{"error": ...}`` to
+   ``callback.fail_url``.
 
 The n8n facts this module relies on (checked against n8n's source and documentation):
 
