@@ -3,6 +3,9 @@
 ``load_settings`` merges the four sources into one frozen ``Settings`` and turns every
 validation failure into a one-line ``ConfigError`` naming where the bad value came from:
 ``veracity.toml:3: worker.concurrency: ...``, ``VERACITY_PORT: ...`` or ``--port: ...``.
+A key this version does not implement is never ignored: a misspelled one is an ``unknown
+key``, one that names a feature Veracity does not have yet (``[[cron]]``, ``tokens``,
+``secrets``, ...) is ``not supported by this version of Veracity``.
 """
 
 from __future__ import annotations
@@ -68,6 +71,10 @@ ENV_VARS: dict[str, str] = {
     "reconciler.stop_flag_after": "VERACITY_STOP_FLAG_AFTER",
     "public_url": "VERACITY_PUBLIC_URL",
 }
+
+# Top-level keys of features this version does not have: refused at start, never ignored.
+NOT_SUPPORTED: frozenset[str] = frozenset({"cron", "tokens", "secrets", "secrets_file", "auth"})
+_NOT_SUPPORTED_REASON = "not supported by this version of Veracity"
 
 # ---------------------------------------------------------------------------
 # Durations
@@ -136,7 +143,7 @@ class _Model(BaseModel):
 
 
 class WorkerSettings(_Model):
-    """How a worker claims and keeps executions (seed 002)."""
+    """How a worker claims and keeps executions (docs/workers.md)."""
 
     concurrency: int = Field(default=16, ge=1, le=10000)
     lease_ttl: Duration = Field(default=120.0, gt=0)
@@ -172,11 +179,13 @@ class RecoverySettings(_Model):
 
 
 class ReconcilerSettings(_Model):
-    """The external-execution reconciler (seed 000)."""
+    """The external-execution reconciler (docs/external.md)."""
 
     interval: Duration = Field(default=120.0, gt=0)
     concurrency: int = Field(default=16, ge=1)
     engine_timeout: Duration = Field(default=10.0, gt=0)
+    # A run past its limit, or asked to stop, whose stop the engine has not confirmed for
+    # this long is flagged for an operator. At least a second, at most 30 days.
     stop_flag_after: Duration = Field(default=600.0, ge=1, le=30 * 86400)
 
 
@@ -194,13 +203,10 @@ class Settings(_Model):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
-    # File-only tables, loosely typed until the features that read them define them.
     public_url: str | None = None
+    # File-only tables, validated entry by entry at start (veracity.external.parse_external).
     engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
     external_workflow: list[dict[str, Any]] = Field(default_factory=list)
-    cron: list[dict[str, Any]] = Field(default_factory=list)
-    tokens: list[dict[str, Any]] = Field(default_factory=list)
-    secrets: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("app")
     @classmethod
@@ -229,6 +235,7 @@ _DURATION_KEYS = {
     "recovery.interval",
     "reconciler.interval",
     "reconciler.engine_timeout",
+    "reconciler.stop_flag_after",
 }
 
 
@@ -333,6 +340,11 @@ def _read(config: _ConfigFile) -> tuple[dict[str, Any], str]:
         line = _find_line(text, ("config_path",))
         where = f"{config.shown}:{line}" if line else config.shown
         raise ConfigError(f"{where}: config_path: unknown key")
+    for key in data:
+        if key in NOT_SUPPORTED:  # before any other error: the file asks for what is not here
+            line = _find_line(text, (key,))
+            where = f"{config.shown}:{line}" if line else config.shown
+            raise ConfigError(f"{where}: {key}: {_NOT_SUPPORTED_REASON}")
     return data, text
 
 

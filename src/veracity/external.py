@@ -155,7 +155,7 @@ async def trigger(store: Store, engine: Engine, workflow: ExternalWorkflow,
                    "engine": workflow.engine, "message": started.message})
         return f"refused: {started.message}"
     if started.outcome == StartOutcome.UNAVAILABLE:
-        # certainly nothing started (refused connection, 429): an infrastructure failure
+        # certainly nothing started (refused connection, 429, n8n starting up): infrastructure
         await store.execution_end_external(
             execution.id, to=Status.FAILED_TRANSIENT, expected_external_id=None,
             error={"code": "engine_unavailable", "message": started.message},

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from veracity.clock import ManualClock
 from veracity.core.reconcile import EngineState
 from veracity.engines import (
     CallbackInfo,
@@ -40,6 +42,7 @@ from veracity.testing.fake_n8n import (
     Wait,
     Work,
     iso,
+    running,
     serve_asgi_in_thread,
 )
 
@@ -469,18 +472,36 @@ async def test_inspect_5xx_is_unknown(fake: FakeN8n, engine: N8nEngine, status: 
 
 
 async def test_inspect_while_n8n_is_down_or_starting(fake: FakeN8n, engine: N8nEngine) -> None:
+    """n8n's source (``BaseCommand.init``, ``AbstractServer.setupHealthCheck``): while its
+    migrations run n8n answers 200 ``n8n is starting up. Please wait``; seen on a real n8n
+    1.123: then, until its API is mounted, 404 ``Cannot GET /api/v1/executions/{id}``
+    (HTML). Neither is about the run: unknown, ``not_ready``, nobody flagged."""
     run_id = await trigger(engine, fake, Script.forever())
     fake.kill()
     down = await engine.inspect(run_id)
     assert down.error is EngineErrorKind.SERVER_ERROR
-    fake.start(starting_for=60)
-    starting = await engine.inspect(run_id)  # 200 "n8n is starting up. Please wait"
-    assert starting.error is EngineErrorKind.BAD_JSON
+    fake.start(migrating_for=60)
+    migrating = await engine.inspect(run_id)
+    assert migrating.error is EngineErrorKind.NOT_READY and not migrating.needs_operator
+    assert migrating.detail == (
+        "200: n8n is starting up (migrating its database): n8n is starting up. Please wait"
+    )
+    fake.restart(starting_for=60)
+    starting = await engine.inspect(run_id)
+    assert starting.state is EngineState.UNKNOWN
+    assert starting.error is EngineErrorKind.NOT_READY
+    assert not starting.needs_operator and not starting.not_found
+    assert starting.detail == (
+        "404: n8n's API is not answering yet (starting up?): "
+        f"Cannot GET /api/v1/executions/{run_id}"
+    )
 
 
 async def test_inspect_an_unknown_or_forgotten_id_is_not_found(
     fake: FakeN8n, engine: N8nEngine
 ) -> None:
+    """Seen on a real n8n 1.123: a genuinely unknown id answers 404 JSON ``{"message": "Not
+    Found"}`` (the API's own answer): the engine does not know the id; flag it."""
     unknown = await engine.inspect("424242")
     assert unknown.state is EngineState.UNKNOWN
     assert unknown.error is EngineErrorKind.NOT_FOUND and unknown.not_found
@@ -557,6 +578,115 @@ async def test_inspections_run_concurrently_on_one_client(fake: FakeN8n, engine:
     results = await asyncio.gather(*(engine.inspect(i) for i in ids))
     assert all(r.state is EngineState.RUNNING for r in results)
     assert loop.time() - began < 40 * 0.05 / 2  # not one after the other
+
+
+# ---------------------------------------------------------------------------
+# n8n's start-up window (a fake on a manual clock, so the window ends exactly)
+
+
+@pytest.fixture
+def restarting() -> Iterator[tuple[ManualClock, FakeN8n, str]]:
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
+    n8n = FakeN8n(version=V1, api_key=API_KEY, email=EMAIL, password=PASSWORD, clock=clock.now)
+    n8n.add_webhook("fulfil", Script(steps=(Wait(None),)))  # a waiting run survives restarts
+    with running(n8n) as url:
+        yield clock, n8n, url
+
+
+async def test_inspect_in_the_start_up_window_is_not_ready_on_both_paths(
+    restarting: tuple[ManualClock, FakeN8n, str],
+) -> None:
+    """Seen on a real n8n 1.123: for about 4 s after a crash or a clean restart, ``GET
+    /api/v1/executions/{id}`` answers 404 text/html ``Cannot GET /api/v1/executions/{id}``,
+    for a known id as for an unknown one; a genuinely unknown id answers 404 JSON
+    ``{"message": "Not Found"}``. In the window: unknown, ``not_ready``, not flagged, on the
+    httpx and the aiohttp paths alike; after it, the run as it is, and ``not_found``."""
+    clock, fake, url = restarting
+    async with (
+        N8nEngine(config(url), transport=httpx.AsyncHTTPTransport()) as slow,
+        N8nEngine(config(url)) as fast,
+    ):
+        run_id = await trigger(slow, fake, Script(steps=(Wait(None),)))
+        fake.restart(starting_for=4.0)
+        for engine in (slow, fast):
+            for external_id in (run_id, "424242"):
+                inspection = await engine.inspect(external_id)
+                assert inspection.state is EngineState.UNKNOWN
+                assert inspection.error is EngineErrorKind.NOT_READY
+                assert not inspection.needs_operator and not inspection.not_found
+                assert f"Cannot GET /api/v1/executions/{external_id}" in inspection.detail
+        clock.advance(4.0)
+        for engine in (slow, fast):
+            after = await engine.inspect(run_id)
+            assert (after.state, after.status) == (EngineState.RUNNING, "waiting")
+            unknown = await engine.inspect("424242")
+            assert unknown.error is EngineErrorKind.NOT_FOUND and unknown.needs_operator
+
+
+async def test_start_in_the_start_up_window_is_unavailable_and_starts_nothing(
+    restarting: tuple[ManualClock, FakeN8n, str],
+) -> None:
+    """Seen on a real n8n 1.123 (the API's routes) and n8n's source (``server.start()`` mounts
+    the webhooks with them): until then ``POST /webhook/...`` answers Express's 404 page, and
+    while it migrates 200 ``n8n is starting up. Please wait``: nothing was started."""
+    clock, fake, url = restarting
+    async with N8nEngine(config(url)) as engine:
+        fake.restart(migrating_for=1.0, starting_for=4.0)
+        migrating = await engine.start("e1", [], CALLBACK, target="/webhook/fulfil")
+        assert migrating.outcome is StartOutcome.UNAVAILABLE and migrating.status_code == 200
+        assert "n8n is starting up" in migrating.message
+        clock.advance(1.0)
+        starting = await engine.start("e1", [], CALLBACK, target="/webhook/fulfil")
+        assert starting.outcome is StartOutcome.UNAVAILABLE and starting.status_code == 404
+        assert "Cannot POST /webhook/fulfil" in starting.message
+        assert fake.truths() == []
+        clock.advance(4.0)
+        started = await engine.start("e1", [], CALLBACK, target="/webhook/fulfil")
+        assert started.outcome is StartOutcome.STARTED
+
+
+async def test_stop_in_the_start_up_window_fails_and_does_not_fall_back(
+    restarting: tuple[ManualClock, FakeN8n, str], wire: Recording
+) -> None:
+    """Seen on a real n8n 1.123: until its API is mounted n8n answers Express's HTML 404
+    (``Cannot POST /api/v1/executions/{id}/stop``), not its API's JSON 404 of an unknown
+    route: the public stop's existence is unknown and ``/rest/`` is not mounted either, so
+    ``auto`` does not try the session stop. The stop fails; nothing is stopped; once n8n is up
+    the API's JSON 404 (1.x: no public stop) sends it to the session stop as before."""
+    clock, fake, url = restarting
+    async with N8nEngine(config(url), transport=wire) as engine:
+        run_id = await trigger(engine, fake, Script(steps=(Wait(None),)))
+        fake.restart(migrating_for=1.0, starting_for=4.0)
+        migrating = await engine.stop(run_id)  # 200 "starting up" is no accepted stop
+        assert not migrating.ok and migrating.status_code == 200
+        assert "n8n is starting up" in migrating.reason
+        clock.advance(1.0)
+        result = await engine.stop(run_id)
+        assert not result.ok and (result.method, result.status_code) == ("public", 404)
+        assert "not answering yet" in result.reason
+        assert f"Cannot POST /api/v1/executions/{run_id}/stop" in result.reason
+        assert "/rest/login" not in wire.paths()
+        assert fake.truth(run_id).stop_requests == () and fake.truth(run_id).going
+        clock.advance(4.0)
+        after = await engine.stop(run_id)
+        assert after.ok and after.method == "session"
+        assert [r.via for r in fake.truth(run_id).stop_requests] == ["rest"]
+
+
+async def test_session_stop_in_the_start_up_window_fails_at_login(
+    restarting: tuple[ManualClock, FakeN8n, str],
+) -> None:
+    """Seen on a real n8n 1.123 (the routes are not mounted for about 4 s after a restart):
+    ``POST /rest/login`` answers Express's HTML 404; the session stop says n8n is starting."""
+    _, fake, url = restarting
+    async with N8nEngine(config(url, stop="session")) as engine:
+        run_id = await trigger(engine, fake, Script(steps=(Wait(None),)))
+        fake.restart(starting_for=4.0)
+        result = await engine.stop(run_id)
+    assert not result.ok and (result.method, result.status_code) == ("session", 404)
+    assert result.reason.startswith("login: n8n's API is not answering yet (starting up?)")
+    assert "Cannot POST /rest/login" in result.reason
+    assert fake.truth(run_id).going
 
 
 # ---------------------------------------------------------------------------

@@ -9,10 +9,14 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from veracity.core.reconcile import EngineState
 from veracity.engines import EngineErrorKind, Inspection, N8nEngine, StartOutcome
-from veracity.testing.fake_n8n import FakeN8n, Script, Wait
+from veracity.testing.fake_n8n import FakeN8n, Script, Wait, serve_asgi_in_thread
 
 from .test_n8n import CALLBACK, config, free_port
 
@@ -160,12 +164,64 @@ async def test_error_statuses(both: Both, fake: FakeN8n, status: int) -> None:
 
 
 async def test_n8n_down_or_starting(both: Both, fake: FakeN8n) -> None:
+    """n8n's source: 200 ``n8n is starting up. Please wait`` while it migrates; seen on a real
+    n8n 1.123: then 404 ``Cannot GET /api/v1/executions/{id}`` (HTML) until its API is
+    mounted. Both paths: unknown, ``not_ready``, nobody flagged."""
     slow, fast = await both()
     run_id = await trigger(slow, fake, Script.forever())
     fake.kill()
     assert (await same(slow, fast, run_id)).error is EngineErrorKind.SERVER_ERROR
-    fake.start(starting_for=60)
-    assert (await same(slow, fast, run_id)).error is EngineErrorKind.BAD_JSON
+    fake.start(migrating_for=60)
+    migrating = await same(slow, fast, run_id)
+    assert migrating.error is EngineErrorKind.NOT_READY and not migrating.needs_operator
+    fake.restart(starting_for=60)
+    starting = await same(slow, fast, run_id)
+    assert starting.error is EngineErrorKind.NOT_READY and not starting.needs_operator
+    assert f"Cannot GET /api/v1/executions/{run_id}" in starting.detail
+
+
+def _answer_404(body: bytes, content_type: str | None) -> Starlette:
+    async def execution(request: Request) -> Response:
+        headers = {} if content_type is None else {"content-type": content_type}
+        return Response(body, status_code=404, headers=headers)
+
+    return Starlette(routes=[Route("/api/v1/executions/{id}", execution, methods=["GET"])])
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "kind"),
+    [
+        (b'{"message": "Not Found"}', "application/json; charset=utf-8", "not_found"),
+        (b'{"message":"Not Found"}', None, "not_found"),
+        (b"<!DOCTYPE html><pre>Cannot GET /api/v1/executions/7</pre>", "text/html", "not_ready"),
+        (b"Not Found", "text/plain", "not_ready"),
+        (b"", None, "not_ready"),
+        (b'"Not Found"', "application/json", "not_ready"),
+        (b'{"code": 404}', "application/json", "not_ready"),
+        (b'{"message": 404}', "application/json", "not_ready"),
+        (b"\xff\xfe", "text/html", "not_ready"),
+    ],
+)
+async def test_only_the_apis_own_404_means_an_unknown_id(
+    body: bytes, content_type: str | None, kind: str
+) -> None:
+    """Seen on a real n8n 1.123: an unknown id is 404 JSON ``{"message": "Not Found"}``, the
+    API's own answer (flagged: ``not_found``); the 404 it answers while starting is Express's
+    HTML page. Any 404 that is not the API's JSON (HTML, text, empty, JSON of another shape)
+    says nothing about the id: ``not_ready``, never flagged. Both paths agree."""
+    url, stop = serve_asgi_in_thread(_answer_404(body, content_type))
+    try:
+        async with (
+            N8nEngine(config(url), transport=httpx.AsyncHTTPTransport()) as slow,
+            N8nEngine(config(url)) as fast,
+        ):
+            inspection = await same(slow, fast, "7")
+    finally:
+        stop()
+    assert inspection.state is EngineState.UNKNOWN
+    assert inspection.error == kind
+    assert inspection.needs_operator is (kind == "not_found")
+    assert inspection.detail.startswith("404: ")
 
 
 async def test_unknown_and_forgotten_ids(both: Both, fake: FakeN8n) -> None:

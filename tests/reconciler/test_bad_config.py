@@ -1,6 +1,7 @@
-"""A misconfigured engine or external workflow stops ``veracity server`` and ``veracity
-worker`` at once: exit 1, one line on stderr naming the entry at fault, no traceback, the
-port never bound, the database never opened."""
+"""A misconfigured engine or external workflow, a feature this version lacks, or a bad
+reconciler setting stops ``veracity server`` and ``veracity worker`` at once: exit 1, one
+line on stderr naming the entry or key at fault, no traceback, the port never bound, the
+database never opened."""
 
 from __future__ import annotations
 
@@ -58,6 +59,15 @@ CASES: list[tuple[str, str, dict[str, str | None], list[str]]] = [
     ("bad-webhook", swap('webhook = "/webhook/fulfil"\nmax_duration = "300ms"',
                          'webhook = "webhook/fulfil"\nmax_duration = "300ms"'), {},
      ["external_workflow[0]", "webhook"]),
+    # features this version lacks are refused, never loaded and ignored
+    ("cron", GOOD + '\n[[cron]]\nschedule = "*/5 * * * *"\n', {},
+     ["veracity.toml:", "cron: not supported by this version of Veracity"]),
+    ("tokens", GOOD + '\n[[tokens]]\nname = "ci"\n', {},
+     ["veracity.toml:", "tokens: not supported by this version of Veracity"]),
+    ("stop-flag-after", GOOD + '\n[reconciler]\nstop_flag_after = "0.5s"\n', {},
+     ["veracity.toml:", "reconciler.stop_flag_after", "greater than or equal to 1"]),
+    ("stop-flag-after-env", GOOD, {"VERACITY_STOP_FLAG_AFTER": "31d"},
+     ["VERACITY_STOP_FLAG_AFTER", "less than or equal to 2592000"]),
 ]
 
 

@@ -714,9 +714,8 @@ def test_restart_crashes_running_runs_and_keeps_waiting_ones(serve: Callable[...
     clock.advance(400.0)  # the wait's resume time passes while down
     started_at = clock.now()
     fake.start(starting_for=5.0)
-    starting = s.get("1")
-    assert starting.status_code == 200 and starting.text == "n8n is starting up. Please wait"
-    resumed = fake.execution("2")  # what the API would say (it answers "starting up" for now)
+    assert s.get("1").status_code == 404  # not mounted yet: see the start-up window's test
+    resumed = fake.execution("2")  # what the API would say (it is not answering for now)
     assert resumed is not None
     assert resumed["status"] == "running"  # resumed at the start, its stoppedAt rewritten
     assert parse(resumed["startedAt"]) == started_at
@@ -729,6 +728,118 @@ def test_restart_crashes_running_runs_and_keeps_waiting_ones(serve: Callable[...
     assert fake.truth("2").going
     events = [t.event for t in fake.truth("1").transitions]
     assert events == ["created", "started", "killed", "crashed"]
+
+
+def express_page(message: str) -> str:
+    """Express's default 404 page (its final handler) for ``message``."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>Error</title>\n</head>\n<body>\n<pre>{message}</pre>\n</body>\n</html>\n"
+    )
+
+
+def test_after_a_restart_routes_answer_express_404_until_mounted(
+    serve: Callable[..., Served],
+) -> None:
+    """Seen on a real n8n 1.123: for about 4 s after a crash or a clean restart, ``GET
+    /api/v1/executions/{id}`` answers 404 text/html ``Cannot GET /api/v1/executions/{id}``
+    (Express's default page: the public API is not mounted yet), for a known id as for any;
+    afterwards the run reads as it is and a genuinely unknown id answers the API's JSON 404
+    ``{"message": "Not Found"}``. n8n's source (``Start.run`` mounts every route in
+    ``server.start()``; ``/healthz`` is registered before) gives the same answer for the other
+    routes and ``{"status": "ok"}`` on ``/healthz`` throughout."""
+    clock, fake = manual()
+    s = serve(fake)
+    fake.add_webhook("wait", Script(steps=(Wait(None),)))
+    s.trigger("wait", "b")
+
+    fake.restart(starting_for=4.0)
+    assert fake.phase() == "starting"
+    known, unknown = s.get("1", params={"includeData": "true"}), s.get("999")
+    for answer, path in ((known, "/api/v1/executions/1"), (unknown, "/api/v1/executions/999")):
+        assert answer.status_code == 404
+        assert answer.headers["content-type"] == "text/html; charset=utf-8"
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["content-security-policy"] == "default-src 'none'"
+        assert answer.text == express_page(f"Cannot GET {path}")  # no query string
+    for method, path in (
+        ("POST", "/api/v1/executions/1/stop"),
+        ("POST", "/rest/login"),
+        ("POST", "/rest/executions/1/stop"),
+        ("POST", "/webhook/wait"),
+        ("GET", "/api/v1/executions"),
+    ):
+        answer = s.client.request(method, path, headers=H, json={})
+        assert (answer.status_code, answer.text) == (404, express_page(f"Cannot {method} {path}"))
+    assert len(fake.truths()) == 1  # the webhook started nothing
+    assert s.client.get("/healthz").json() == {"status": "ok"}
+    assert s.client.get("/_fake/health").json()["phase"] == "starting"
+
+    clock.advance(4.0)
+    assert fake.phase() == "up"
+    assert s.execution("1")["status"] == "waiting"
+    after = s.get("999")
+    assert after.status_code == 404 and after.json() == {"message": "Not Found"}
+    assert after.headers["content-type"] == "application/json"
+
+
+def test_while_migrating_every_route_but_healthz_says_starting_up(
+    serve: Callable[..., Served],
+) -> None:
+    """n8n's source (``BaseCommand.init`` listens before ``migrate()``; the gate of
+    ``AbstractServer.setupHealthCheck``): while its database migrations run, every route but
+    ``/healthz`` answers 200 text/html ``n8n is starting up. Please wait``; then the routes
+    are still unmounted (Express's 404) until ``server.start()``."""
+    clock, fake = manual()
+    s = serve(fake)
+    fake.add_webhook("p", Script.forever())
+    fake.restart(migrating_for=2.0, starting_for=3.0)
+    assert fake.phase() == "migrating"
+    for method, path in (("GET", "/api/v1/executions/1"), ("POST", "/webhook/p")):
+        answer = s.client.request(method, path, headers=H, json={})
+        assert (answer.status_code, answer.text) == (200, "n8n is starting up. Please wait")
+        assert answer.headers["content-type"] == "text/html; charset=utf-8"
+    assert fake.truths() == []
+    assert s.client.get("/healthz").json() == {"status": "ok"}
+    clock.advance(2.0)
+    assert fake.phase() == "starting"
+    assert s.get("1").text == express_page("Cannot GET /api/v1/executions/1")
+    clock.advance(3.0)
+    assert fake.phase() == "up"
+    assert s.get("1").json() == {"message": "Not Found"}
+
+
+def test_start_up_windows_from_the_constructor_and_the_control_api(
+    serve: Callable[..., Served],
+) -> None:
+    """The windows a fresh n8n shows (``FakeN8n(starting_for=)``: from when it is served) and
+    after a restart through ``/_fake/restart``; bad windows are refused."""
+    clock = ManualClock(T0)
+    fake = FakeN8n(api_key=KEY, clock=clock.now, starting_for=2.0)
+    assert fake.phase() == "up"  # not served yet
+    s = serve(fake)
+    assert fake.phase() == "starting"
+    assert s.get("1").text == express_page("Cannot GET /api/v1/executions/1")
+    clock.advance(2.0)
+    assert s.get("1").json() == {"message": "Not Found"}
+
+    c = s.client
+    assert c.post("/_fake/restart", json={"migrating_for": 1, "starting_for": 3}).status_code == 200
+    assert c.get("/_fake/health").json()["phase"] == "migrating"
+    clock.advance(1.0)
+    assert c.get("/_fake/health").json()["phase"] == "starting"
+    clock.advance(3.0)
+    assert c.get("/_fake/health").json()["phase"] == "up"
+    assert c.post("/_fake/kill").json() == {"down": True}
+    assert c.get("/_fake/health").json()["phase"] == "down"
+    for bad in ({"starting_for": -1}, {"starting_for": "soon"}, {"migrating_for": float("inf")}):
+        answer = c.post("/_fake/start", content=json.dumps(bad))
+        assert answer.status_code == 400, bad
+        assert fake.phase() == "down"  # a refused start changes nothing
+    assert c.post("/_fake/start", json={"starting_for": 1.5}).json() == {"down": False}
+    assert fake.phase() == "starting"
+    with pytest.raises(ValueError):
+        FakeN8n(starting_for=-1.0)
 
 
 def test_restart_rewrites_stopped_at_of_a_waiting_run(serve: Callable[..., Served]) -> None:
@@ -923,6 +1034,8 @@ def test_runs_alone_as_a_module() -> None:
             KEY,
             "--webhook",
             "/webhook/fulfil",
+            "--starting-for",
+            "2.5",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -941,7 +1054,14 @@ def test_runs_alone_as_a_module() -> None:
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise AssertionError("the fake did not start")
                 time.sleep(0.05)
-            assert client.get("/api/v1/executions/1", headers=H).status_code == 404
+            # --starting-for: from launch, what a freshly started n8n 1.123 answers (Express's
+            # 404 page until its routes are mounted; /healthz answers already)
+            starting = client.get("/api/v1/executions/1", headers=H)
+            assert starting.status_code == 404
+            assert "<pre>Cannot GET /api/v1/executions/1</pre>" in starting.text
+            until(lambda: client.get("/_fake/health").json()["phase"] == "up", timeout=10.0)
+            unknown = client.get("/api/v1/executions/1", headers=H)
+            assert unknown.status_code == 404 and unknown.json() == {"message": "Not Found"}
             answer = client.post("/webhook/fulfil", json={"execution_id": "e"})
             assert answer.json() == {"executionId": "1"}
             assert client.get("/api/v1/executions/1", headers=H).json()["status"] == "running"

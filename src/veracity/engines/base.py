@@ -1,7 +1,7 @@
 """The external-engine seam: one small protocol, its results, and engine configuration.
 
-An adapter does three things for Veracity (DESIGN section 4): start a run, inspect a run,
-stop a run. None of them raises for anything the engine or the network does: every
+An adapter does three things for Veracity (see docs/external.md): start a run, inspect a
+run, stop a run. None of them raises for anything the engine or the network does: every
 answer comes back as a value the caller can decide on, and anything the adapter cannot
 trust is reported as :attr:`EngineState.UNKNOWN` with an :class:`EngineErrorKind`.
 
@@ -120,7 +120,13 @@ class EngineErrorKind(StrEnum):
     SERVER_ERROR = "server_error"
     """A 5xx answer."""
     NOT_FOUND = "not_found"
-    """404: the engine does not know the id (forgotten, pruned, or never its id)."""
+    """404 in the engine API's own words: it does not know the id (forgotten, pruned, or
+    never its id). n8n: ``{"message": "Not Found"}``."""
+    NOT_READY = "not_ready"
+    """The engine's API is not answering yet (starting up?). n8n, after a crash or a
+    restart, answers 200 ``n8n is starting up. Please wait`` while it migrates its
+    database, then 404 with Express's HTML page ``Cannot GET /api/v1/...`` until its API is
+    mounted: no word about the id. Asked again next tick; never flagged."""
     BAD_REQUEST = "bad_request"
     """400: the engine rejects the id itself (n8n: not a number)."""
     UNAUTHORIZED = "unauthorized"
@@ -159,13 +165,16 @@ class Inspection:
 
     @property
     def not_found(self) -> bool:
-        """The engine answered 404 for the id: unknown, and flagged for an operator."""
+        """The engine's API answered 404 for the id: unknown, and flagged for an operator.
+        A 404 that is not the API's own answer is :attr:`EngineErrorKind.NOT_READY`."""
         return self.error is EngineErrorKind.NOT_FOUND
 
     @property
     def needs_operator(self) -> bool:
-        """The engine says this id is not (or cannot be) one of its runs: 404, or 400 for an
-        id it rejects. Asking again will not help; flag the execution for an operator."""
+        """The engine says this id is not (or cannot be) one of its runs: its API's 404, or
+        400 for an id it rejects. Asking again will not help; flag the execution for an
+        operator. An engine that is not answering yet (:attr:`EngineErrorKind.NOT_READY`)
+        says nothing about the id: it is asked again, never flagged."""
         return self.error in (EngineErrorKind.NOT_FOUND, EngineErrorKind.BAD_REQUEST)
 
     @classmethod
@@ -240,7 +249,8 @@ class StopMode(StrEnum):
     SESSION = "session"
     """The internal REST stop behind a login session (n8n 1.x)."""
     AUTO = "auto"
-    """The public stop; on 404 (no such endpoint), the session stop."""
+    """The public stop; when n8n's API answers it 404 or 405 (no such endpoint: n8n 1.x),
+    the session stop."""
 
 
 ENGINE_TYPES: frozenset[str] = frozenset({"n8n"})

@@ -11,8 +11,9 @@ What Veracity needs of an n8n workflow (see also ``docs/`` and the example workf
 3. The work itself. The trigger's body is ``{"execution_id", "params", "callback":
    {"complete_url", "fail_url", "token"}}``.
 4. Last, an **HTTP Request** node POSTing ``{"result": ...}`` to ``callback.complete_url``
-   with the header ``Authorization: Bearer <callback.token>`` (and, on an error branch,
-   ``{"error": ...}`` to ``callback.fail_url``).
+   with the header ``Authorization: Bearer <callback.token>``; and, on the error output of
+   each work node (``onError: "continueErrorOutput"``), one POSTing ``{"error": ...}`` to
+   ``callback.fail_url``.
 
 The n8n facts this module relies on (checked against n8n's source and documentation):
 
@@ -25,12 +26,30 @@ The n8n facts this module relies on (checked against n8n's source and documentat
 - Statuses: ``new``, ``running``, ``waiting``, ``success``, ``error``, ``canceled``,
   ``crashed``, ``unknown``; see :func:`veracity.core.reconcile.classify_n8n`.
 - Stopping: newer n8n has a public ``POST /api/v1/executions/{id}/stop`` (API-key scope
-  ``execution:stop``); n8n 1.x answers it 404. There, the internal
-  ``POST /rest/executions/{id}/stop`` works with the session cookie (``n8n-auth``) of
-  ``POST /rest/login`` ``{emailOrLdapLoginId, password}``, sent with the same
-  ``browser-id`` header used at login (n8n binds the session to it). Stopping a run that
-  already ended answers 500 "Only running or waiting executions can be stopped" (409 in
-  the newest public API), an unknown id 500 or 404.
+  ``execution:stop``); n8n 1.x has no such route, and its API router (OpenAPI validation,
+  before the key is checked) answers an unknown route 404 ``{"message": "not found"}``
+  (405 for a wrong method). There, the internal ``POST /rest/executions/{id}/stop`` works
+  with the session cookie (``n8n-auth``) of ``POST /rest/login`` ``{emailOrLdapLoginId,
+  password}``, sent with the same ``browser-id`` header used at login (n8n binds the
+  session to it). Stopping a run that already ended answers 500 "Only running or waiting
+  executions can be stopped" (409 in the newest public API), an unknown id 500 or 404.
+  ``auto`` falls back to the session stop only on such a JSON 404 or a 405: an answer of
+  the API itself (on 2.x a JSON 404 is an unknown id, whose session stop fails as well).
+- Starting up (after a crash or a clean restart; seen on a real n8n 1.123, and in n8n's
+  ``BaseCommand.init``, ``AbstractServer.init`` and ``start``): n8n listens before it is
+  ready. ``/healthz`` answers ``{"status": "ok"}`` throughout. While its database
+  migrations run, every other route answers 200 ``n8n is starting up. Please wait``
+  (text/html). Then, for a few seconds (about 4 s on 1.123) until ``start`` mounts the
+  webhooks, the REST API and the public API, every other route falls through to Express's
+  default 404: an HTML page ``Cannot GET /api/v1/executions/{id}`` (``Cannot POST
+  /webhook/...``, ``Cannot POST /rest/login``). Neither says anything about a run. So only
+  a 404 whose body is the API's own JSON (an object with a ``message``) means an unknown
+  id; any other 404, and that 200 text, is :attr:`EngineErrorKind.NOT_READY`: unknown,
+  asked again, never flagged. A trigger so answered started nothing (unavailable); a stop
+  so answered was not accepted and does not fall back to the session stop (whose routes
+  are not mounted either). A public API disabled by configuration
+  (``N8N_PUBLIC_API_DISABLED``) looks the same forever: the ``not_ready`` engine-error
+  count says so.
 
 Nothing the engine or the network does raises out of this adapter: answers that are not
 JSON, lack fields or carry an unknown status are "unknown" inspections, failed stops or
@@ -41,6 +60,7 @@ from what n8n then says: a stop request accepted is not a run finished.
 from __future__ import annotations
 
 import asyncio
+import html
 import http.cookiejar
 import json as jsonlib
 import re
@@ -68,6 +88,10 @@ __all__ = ["N8nEngine", "webhook_url"]
 
 _N8N_ID = re.compile(r"[0-9]+")
 _MESSAGE_LIMIT = 500
+_STARTING_UP = b"n8n is starting up. Please wait"
+"""n8n's answer (200, text/html) to every route but /healthz while it migrates."""
+_HTML_PRE = re.compile(r"<pre>(.*?)</pre>", re.DOTALL | re.IGNORECASE)
+_HTML_TAG = re.compile(r"<[^>]*>")
 
 
 def webhook_url(base_url: str, webhook: str) -> str:
@@ -173,7 +197,8 @@ class N8nEngine:
 
         Started: 2xx with ``{"executionId": <n8n id>}`` (a JSON string or number).
         Refused: a 4xx other than 429 (the run does not exist), with n8n's message.
-        Unavailable: no connection could be made, or 429 (nothing was started).
+        Unavailable: no connection could be made, 429, or n8n still starting up (its 200
+        "starting up" text, or a 404 that is not its JSON): nothing was started.
         Ambiguous: a timeout, a broken connection, a 3xx or 5xx, or a 2xx without a usable
         id — the run may exist, and must never be triggered again.
         """
@@ -206,6 +231,12 @@ class N8nEngine:
             )
 
         code = response.status_code
+        not_ready = _not_ready(code, response.content)
+        if not_ready is not None:
+            # n8n answers before its webhooks are mounted: nothing was started.
+            return StartResult.unavailable(
+                f"{not_ready}: the webhook answered {code}: {_message(response)}", code
+            )
         if response.is_success:
             external_id = _execution_id(_json_or_none(response))
             if external_id is None:
@@ -259,16 +290,16 @@ class N8nEngine:
             return self._inspect_timeout()
         except (aiohttp.ClientError, OSError) as exc:
             return Inspection.unknown(EngineErrorKind.UNREACHABLE, _describe(exc))
-        if 200 <= code < 300:
+        if 200 <= code < 300 and _not_ready(code, body) is None:
             return _answer_inspection(external_id, code, _loads_or_none(body))
-        # Rare: an httpx response for n8n's message, decoded exactly as the httpx path does.
+        # Rare: an httpx response for n8n's message, decided exactly as the httpx path does.
         response = httpx.Response(
             code,
             headers={} if content_type is None else {"Content-Type": content_type},
             content=body,
             extensions={"reason_phrase": reason.encode("ascii", errors="ignore")},
         )
-        return _failed_inspection(code, _message(response))
+        return _inspection(external_id, response)
 
     def _aio_session(self) -> aiohttp.ClientSession:
         if self._closed:
@@ -302,8 +333,8 @@ class N8nEngine:
         mode = self._config.stop
         if mode is StopMode.SESSION:
             return await self._session_stop(external_id)
-        public = await self._public_stop(external_id)
-        if mode is StopMode.AUTO and public.status_code in (404, 405):
+        public, no_such_endpoint = await self._public_stop(external_id)
+        if mode is StopMode.AUTO and no_such_endpoint:
             if not self._config.has_login:
                 return StopResult(
                     False,
@@ -315,22 +346,25 @@ class N8nEngine:
             return await self._session_stop(external_id)
         return public
 
-    async def _public_stop(self, external_id: str) -> StopResult:
+    async def _public_stop(self, external_id: str) -> tuple[StopResult, bool]:
+        """The public stop's result, and whether n8n's API said it has no such endpoint (a
+        JSON 404, or 405): only then may ``auto`` try the session stop."""
         path = _api_path(external_id) + "/stop"
         try:
             response = await self._request("POST", path, headers=self._api_headers())
         except (TimeoutError, httpx.TimeoutException):
-            return StopResult(False, self._timeout_reason("public stop"), "public")
+            return StopResult(False, self._timeout_reason("public stop"), "public"), False
         except httpx.HTTPError as exc:
-            return StopResult(False, f"public stop: unreachable: {_describe(exc)}", "public")
+            reason = f"public stop: unreachable: {_describe(exc)}"
+            return StopResult(False, reason, "public"), False
+        code = response.status_code
+        failed = _failed_answer("public stop", response)
+        if failed is not None:  # n8n is starting up: no fallback, its /rest/ is not up either
+            return StopResult(False, failed, "public", code), False
         if response.is_success:
-            return StopResult(True, "stop accepted", "public", response.status_code)
-        return StopResult(
-            False,
-            f"public stop answered {response.status_code}: {_message(response)}",
-            "public",
-            response.status_code,
-        )
+            return StopResult(True, "stop accepted", "public", code), False
+        reason = f"public stop answered {code}: {_message(response)}"
+        return StopResult(False, reason, "public", code), code in (404, 405)
 
     async def _session_stop(self, external_id: str) -> StopResult:
         path = f"/rest/executions/{quote(external_id, safe='')}/stop"
@@ -349,6 +383,9 @@ class N8nEngine:
             if response.status_code == 401 and attempt == 1:
                 stale = generation  # the session expired or was revoked: log in again, once
                 continue
+            failed = _failed_answer("session stop", response)
+            if failed is not None:
+                return StopResult(False, failed, "session", response.status_code)
             if response.is_success:
                 return StopResult(True, "stop accepted", "session", response.status_code)
             return StopResult(
@@ -389,6 +426,9 @@ class N8nEngine:
             return StopResult(False, self._timeout_reason("login"), "session")
         except httpx.HTTPError as exc:
             return StopResult(False, f"login: unreachable: {_describe(exc)}", "session")
+        failed = _failed_answer("login", response)
+        if failed is not None:
+            return StopResult(False, failed, "session", response.status_code)
         if not response.is_success:
             return StopResult(
                 False,
@@ -442,13 +482,43 @@ def _api_path(external_id: str) -> str:
 
 def _inspection(external_id: str, response: httpx.Response) -> Inspection:
     code = response.status_code
+    not_ready = _not_ready(code, response.content)
+    if not_ready is not None:
+        return Inspection.unknown(
+            EngineErrorKind.NOT_READY, f"{code}: {not_ready}: {_message(response)}"
+        )
     if not response.is_success:
         return _failed_inspection(code, _message(response))
     return _answer_inspection(external_id, code, _json_or_none(response))
 
 
+def _not_ready(code: int, body: bytes) -> str | None:
+    """Why an answer is n8n starting up rather than an answer of its API; None if it is
+    not. (See the module docstring: both answers say nothing about any run.)"""
+    if 200 <= code < 300 and body.strip() == _STARTING_UP:
+        return "n8n is starting up (migrating its database)"
+    if code == 404 and not _api_answer(body):
+        return "n8n's API is not answering yet (starting up?)"
+    return None
+
+
+def _api_answer(body: bytes) -> bool:
+    """The body is an answer of n8n's API itself: a JSON object with a ``message``."""
+    data = _loads_or_none(body)
+    return isinstance(data, dict) and isinstance(data.get("message"), str)
+
+
+def _failed_answer(what: str, response: httpx.Response) -> str | None:
+    """The reason a stop or login answer is n8n starting up; None if it is not."""
+    not_ready = _not_ready(response.status_code, response.content)
+    if not_ready is None:
+        return None
+    return f"{what}: {not_ready} ({response.status_code}: {_message(response)})"
+
+
 def _failed_inspection(code: int, message: str) -> Inspection:
-    """The inspection of a non-2xx answer ``code`` carrying ``message``."""
+    """The inspection of a non-2xx answer ``code`` carrying ``message`` (a 404 here is the
+    API's own: :func:`_not_ready` has taken the others)."""
     kind = {
         404: EngineErrorKind.NOT_FOUND,
         400: EngineErrorKind.BAD_REQUEST,
@@ -558,6 +628,11 @@ def _message(response: httpx.Response) -> str:
             text = response.text.strip()
         except (UnicodeDecodeError, LookupError):
             text = ""
+        if text.startswith("<"):  # an HTML page (Express's 404): its message, not its markup
+            pre = _HTML_PRE.search(text)
+            text = " ".join(
+                html.unescape(_HTML_TAG.sub(" ", pre.group(1) if pre else text)).split()
+            )
     if not text:
         text = response.reason_phrase or f"HTTP {response.status_code}"
     if len(text) > _MESSAGE_LIMIT:

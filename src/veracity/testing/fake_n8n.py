@@ -41,9 +41,17 @@ checked for the rest):
   answers 503 ``{"code": 503, "message": "n8n is down (fake n8n: simulated restart)"}`` (the
   fake's choice: it cannot refuse connections while the control API stays up). :meth:`FakeN8n.start`
   brings it back: those runs read ``crashed``, waiting runs survive, and ``stoppedAt`` of waiting
-  and crashed runs is rewritten to the start time. ``start(starting_for=s)`` also answers, for
-  ``s`` seconds, what n8n answers while it migrates: 200 ``n8n is starting up. Please wait``
-  (text). :meth:`FakeN8n.restart` is kill then start.
+  and crashed runs is rewritten to the start time. :meth:`FakeN8n.restart` is kill then start.
+* Starting up (n8n's ``BaseCommand.init``: it listens, then migrates its database, then mounts
+  its routes). ``/healthz`` answers ``{"status": "ok"}`` throughout. ``start(migrating_for=m,
+  starting_for=s)``: for ``m`` seconds every other route answers 200 text/html ``n8n is
+  starting up. Please wait`` (n8n's gate while its migrations run; a restart without pending
+  migrations passes it in an instant); then for ``s`` seconds every other route answers what
+  Express answers for a route not mounted yet: 404 text/html, its default page ``Cannot
+  <METHOD> <path>`` (seen on a real n8n 1.123 for about 4 s after a crash or a clean restart,
+  on ``GET /api/v1/executions/{id}``; a genuinely unknown id answers the API's JSON 404).
+  ``FakeN8n(migrating_for=, starting_for=)`` opens the same windows when the fake starts
+  being served, as a freshly started n8n.
 
 Each run follows a :class:`Script` (chosen per run by Veracity execution id, else the next one
 queued for the path, else the path's default): steps of :class:`Work` and :class:`Wait`, then an
@@ -75,12 +83,14 @@ script}``; ``GET /_fake/runs``; ``GET /_fake/runs/{id}``; ``PATCH /_fake/runs/{i
 ignore_stops?, stop_failures?, get_error?, get_delay?, get_hang?, get_raw_body?,
 report_status?}``; ``POST /_fake/runs/{id}/resume``; ``POST /_fake/runs/{id}/finish`` ``{outcome,
 result?, error?}``; ``POST /_fake/runs/{id}/forget``; ``POST /_fake/kill``; ``POST /_fake/start``
-``{starting_for?}``; ``POST /_fake/restart`` ``{starting_for?}``; ``GET /_fake/callbacks``;
+``{starting_for?, migrating_for?}``; ``POST /_fake/restart`` ``{starting_for?, migrating_for?}``;
+``GET /_fake/callbacks``;
 ``PATCH /_fake/settings`` ``{latency?, version?}``; ``POST /_fake/violations`` ``{terminal_at:
 {execution_id: iso}}``. Scripts in JSON: see :meth:`Script.from_json`.
 
 Run it alone: ``python -m veracity.testing.fake_n8n --port 5678 [--version 1.123|2.0]
-[--api-key KEY] [--email E --password P] [--latency S] [--webhook PATH ...]``.
+[--api-key KEY] [--email E --password P] [--latency S] [--webhook PATH ...]
+[--migrating-for S] [--starting-for S]`` (the last two: the start-up windows, from launch).
 """
 
 from __future__ import annotations
@@ -593,6 +603,8 @@ class FakeN8n:
         tick: float = 0.005,
         callback_timeout: float = 5.0,
         rewrite_stopped_at_on_restart: bool = True,
+        migrating_for: float = 0.0,
+        starting_for: float = 0.0,
     ) -> None:
         self._lock = threading.RLock()
         self._callbacks_changed = threading.Condition(self._lock)
@@ -618,7 +630,10 @@ class FakeN8n:
         self._down = False
         self._killed_at: datetime | None = None
         self._up_since: datetime | None = None
+        self._migrating_until: datetime | None = None
         self._starting_until: datetime | None = None
+        _check_windows(migrating_for, starting_for)
+        self._boot_windows = (migrating_for, starting_for)  # opened when served
         self._runtime: _Runtime | None = None
 
     # -- settings -----------------------------------------------------------------------------
@@ -1086,20 +1101,22 @@ class FakeN8n:
                     self._truly_stop(run, now, "killed")
                     self._record(run, "killed", now)
 
-    def start(self, *, starting_for: float = 0.0) -> None:
+    def start(self, *, starting_for: float = 0.0, migrating_for: float = 0.0) -> None:
         """The engine comes back: killed runs read crashed; waiting runs survive.
 
         ``stoppedAt`` of waiting and crashed runs is rewritten to now (unless
-        ``rewrite_stopped_at_on_restart`` is False). For ``starting_for`` seconds engine requests
-        answer 200 ``n8n is starting up. Please wait``.
+        ``rewrite_stopped_at_on_restart`` is False). For ``migrating_for`` seconds every route
+        but ``/healthz`` answers 200 ``n8n is starting up. Please wait``; for ``starting_for``
+        seconds after that, 404 ``Cannot <METHOD> <path>`` (Express's page: no route mounted).
         """
+        _check_windows(migrating_for, starting_for)
         with self._lock:
             if not self._down:
                 return
             now = self.now()
             self._down = False
             self._up_since = now
-            self._starting_until = now + timedelta(seconds=starting_for) if starting_for else None
+            self._open_windows(now, migrating_for, starting_for)
             for run in self._runs.values():
                 if run.forgotten:
                     continue
@@ -1114,14 +1131,29 @@ class FakeN8n:
                     self._record(run, "stopped_at_rewritten", now)
             self.advance(now)
 
-    def restart(self, *, starting_for: float = 0.0) -> None:
+    def restart(self, *, starting_for: float = 0.0, migrating_for: float = 0.0) -> None:
         """Kill, then start at once."""
+        _check_windows(migrating_for, starting_for)
         with self._lock:
             self.kill()
-            self.start(starting_for=starting_for)
+            self.start(starting_for=starting_for, migrating_for=migrating_for)
 
-    def _starting(self, now: datetime) -> bool:
-        return self._starting_until is not None and now < self._starting_until
+    def phase(self) -> Literal["down", "migrating", "starting", "up"]:
+        """Where the engine is: killed, migrating, up without its routes, or up."""
+        with self._lock:
+            if self._down:
+                return "down"
+            now = self.now()
+            if self._migrating_until is not None and now < self._migrating_until:
+                return "migrating"
+            if self._starting_until is not None and now < self._starting_until:
+                return "starting"
+            return "up"
+
+    def _open_windows(self, now: datetime, migrating_for: float, starting_for: float) -> None:
+        migrated = now + timedelta(seconds=migrating_for)
+        self._migrating_until = migrated if migrating_for else None
+        self._starting_until = migrated + timedelta(seconds=starting_for) if starting_for else None
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -1323,11 +1355,21 @@ class FakeN8n:
             if self._runtime is not None:
                 raise RuntimeError("this FakeN8n is already being served")
             self._runtime = runtime
+            if any(self._boot_windows) and not self._down:
+                self._open_windows(self.now(), *self._boot_windows)
 
     def _detach(self, runtime: _Runtime) -> None:
         with self._lock:
             if self._runtime is runtime:
                 self._runtime = None
+
+
+def _check_windows(*seconds: float) -> None:
+    for value in seconds:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ValueError(f"a start-up window is a number of seconds, not {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"a start-up window cannot be {value!r} seconds")
 
 
 def _webhook_key(path: str) -> str:
@@ -1458,6 +1500,37 @@ def _json(status: int, body: Any, headers: Mapping[str, str] | None = None) -> J
 
 
 _DOWN = {"code": 503, "message": "n8n is down (fake n8n: simulated restart)"}
+STARTING_UP_TEXT = "n8n is starting up. Please wait"
+"""n8n's answer to every route but /healthz while its database migrations run."""
+
+
+def express_not_found(request: Request) -> Response:
+    """Express's default 404 (its final handler) for a route nothing is mounted on: the HTML
+    page ``Cannot <METHOD> <path>``, what n8n answers while it starts."""
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
+    path = path.split("?", 1)[0]
+    message = _escape_html(f"Cannot {request.method} {path}")
+    page = (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>Error</title>\n</head>\n<body>\n<pre>{message}</pre>\n</body>\n</html>\n"
+    )
+    headers = {"Content-Security-Policy": "default-src 'none'", "X-Content-Type-Options": "nosniff"}
+    return Response(page, status_code=404, media_type="text/html", headers=headers)
+
+
+def _escape_html(text: str) -> str:
+    for char, entity in (
+        ("&", "&amp;"),
+        ("<", "&lt;"),
+        (">", "&gt;"),
+        ('"', "&quot;"),
+        ("'", "&#39;"),
+    ):
+        text = text.replace(char, entity)
+    return text.replace("\n", "<br>").replace("  ", " &nbsp;")
+
+
 _NUMERIC = re.compile(r"^\d+$")
 
 
@@ -1477,14 +1550,19 @@ class _App:
             return False
         return await runtime.hang(seconds)
 
-    async def enter(self) -> Response | None:
-        """Latency first, then the engine's availability."""
+    async def enter(self, request: Request) -> Response | None:
+        """Latency first, then the engine's availability: down, migrating, or up without its
+        routes (``/healthz`` is not gated: n8n registers it before it migrates)."""
         if self.fake.latency > 0:
             await asyncio.sleep(self.fake.latency)
-        if self.fake.down:
+        phase = self.fake.phase()
+        if phase == "down":
             return _json(503, _DOWN)
-        if self.fake._starting(self.fake.now()):
-            return PlainTextResponse("n8n is starting up. Please wait", media_type="text/html")
+        if phase == "migrating":
+            # n8n's gate: Express's res.send of a string, 200 text/html.
+            return PlainTextResponse(STARTING_UP_TEXT, media_type="text/html")
+        if phase == "starting":
+            return express_not_found(request)
         return None
 
     def api_key_error(self, request: Request) -> Response | None:
@@ -1503,11 +1581,14 @@ class _App:
     # -- engine endpoints ---------------------------------------------------------------------
 
     async def healthz(self, request: Request) -> Response:
-        early = await self.enter()
-        return early or _json(200, {"status": "ok"})
+        if self.fake.latency > 0:
+            await asyncio.sleep(self.fake.latency)
+        if self.fake.down:
+            return _json(503, _DOWN)
+        return _json(200, {"status": "ok"})
 
     async def webhook(self, request: Request) -> Response:
-        early = await self.enter()
+        early = await self.enter(request)
         if early is not None:
             return early
         path = request.path_params["path"]
@@ -1567,7 +1648,7 @@ class _App:
         return _json(200, {"executionId": run_id})
 
     async def webhook_waiting(self, request: Request) -> Response:
-        early = await self.enter()
+        early = await self.enter(request)
         if early is not None:
             return early
         run_id = request.path_params["id"]
@@ -1588,7 +1669,7 @@ class _App:
         return _json(200, {})
 
     async def get_execution(self, request: Request) -> Response:
-        early = await self.enter()
+        early = await self.enter(request)
         if early is not None:
             return early
         denied = self.api_key_error(request)
@@ -1619,7 +1700,7 @@ class _App:
         return _json(200, execution)
 
     async def list_executions(self, request: Request) -> Response:
-        early = await self.enter()
+        early = await self.enter(request)
         if early is not None:
             return early
         denied = self.api_key_error(request)
@@ -1669,7 +1750,7 @@ class _App:
         return _json(200, {"data": page, "nextCursor": next_cursor})
 
     async def public_stop(self, request: Request) -> Response:
-        early = await self.enter()
+        early = await self.enter(request)
         if early is not None:
             return early
         if not self.fake.has_public_stop:
@@ -1690,7 +1771,7 @@ class _App:
         return _json(500, {"message": answer.message})
 
     async def rest_login(self, request: Request) -> Response:
-        early = await self.enter()
+        early = await self.enter(request)
         if early is not None:
             return early
         try:
@@ -1728,7 +1809,7 @@ class _App:
         return response
 
     async def rest_stop(self, request: Request) -> Response:
-        early = await self.enter()
+        early = await self.enter(request)
         if early is not None:
             return early
         token = request.cookies.get(AUTH_COOKIE)
@@ -1741,7 +1822,7 @@ class _App:
         return _json(500, {"code": 0, "message": answer.message})
 
     async def api_not_found(self, request: Request) -> Response:
-        early = await self.enter()
+        early = await self.enter(request)
         return early or _json(404, {"message": "not found"})
 
     # -- control API --------------------------------------------------------------------------
@@ -1764,7 +1845,9 @@ class _App:
             raise ValueError("the body is a JSON object")
         parts = name.strip("/").split("/")
         if name == "health" and method == "GET":
-            return _json(200, {"ok": True, "version": fake.version, "down": fake.down})
+            return _json(
+                200, {"ok": True, "version": fake.version, "down": fake.down, "phase": fake.phase()}
+            )
         if name == "webhooks" and method == "POST":
             script = Script.from_json(_obj(data, "script")) if data.get("script") else None
             path = _str(data, "path")
@@ -1806,13 +1889,13 @@ class _App:
             self.flush()
             return _json(200, fake.truth(run_id).to_json())
         if name in ("kill", "start", "restart") and method == "POST":
-            starting_for = float(data.get("starting_for", 0.0))
+            windows = {key: data.get(key, 0.0) for key in ("starting_for", "migrating_for")}
             if name == "kill":
                 fake.kill()
             elif name == "start":
-                fake.start(starting_for=starting_for)
+                fake.start(**windows)
             else:
-                fake.restart(starting_for=starting_for)
+                fake.restart(**windows)
             self.flush()
             return _json(200, {"down": fake.down})
         if name == "callbacks" and method == "GET":
@@ -2019,6 +2102,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--password", default="fake-n8n-password")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added per request")
     parser.add_argument(
+        "--migrating-for",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="for S seconds from launch, answer 200 'n8n is starting up. Please wait'",
+    )
+    parser.add_argument(
+        "--starting-for",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="then for S seconds, answer 404 'Cannot <METHOD> <path>' (no route mounted yet)",
+    )
+    parser.add_argument(
         "--webhook",
         action="append",
         default=[],
@@ -2032,6 +2129,8 @@ def main(argv: list[str] | None = None) -> None:
         email=args.email,
         password=args.password,
         latency=args.latency,
+        migrating_for=args.migrating_for,
+        starting_for=args.starting_for,
     )
     for path in args.webhook:
         fake.add_webhook(path)
