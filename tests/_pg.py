@@ -218,6 +218,25 @@ class TempCluster:
             self.port = None
             shutil.rmtree(folder, ignore_errors=True)
 
+    def halt(self) -> None:
+        """Stop the server but keep the cluster (a database outage): ``resume()`` brings it
+        back on the same port with its data."""
+        if self.folder is None or self.port is None:
+            raise ClusterError("cluster not started")
+        result = self._run("pg_ctl", "stop", "-w", "-t", "30", "-m", "fast",
+                           "-D", str(self.data_dir))
+        if result.returncode != 0:
+            raise ClusterError(f"pg_ctl stop failed: {self._describe_failure(result)}")
+
+    def resume(self) -> None:
+        """Start a halted server again on its port."""
+        if self.folder is None or self.port is None:
+            raise ClusterError("cluster not started")
+        result = self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.data_dir),
+                           "-l", str(self.log_file), "-o", f"-p {self.port}")
+        if result.returncode != 0:
+            raise ClusterError(f"pg_ctl start failed: {self._describe_failure(result)}")
+
     def __enter__(self) -> TempCluster:
         return self.start()
 

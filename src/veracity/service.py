@@ -346,7 +346,7 @@ class ExecutionService:
                 and cancelled.external_execution_id is not None):
             # a delegated run ends only once its engine confirms the stop: ask it now
             # (the reconciler asks again every tick until it does)
-            look = await self._look_and_apply(cancelled)
+            look = await self._look_and_apply(cancelled, by=actor or "operator")
             cancelled = await self.get(cancelled.id) if look.action else cancelled
         return cancelled, result.changed
 
@@ -454,7 +454,7 @@ class ExecutionService:
             ident, action=action, external_id=None, reason=reason, actor=actor,
             expected_external_id=current.external_execution_id)
         requested = self._found(ident, result)
-        look = await self._look_and_apply(requested)
+        look = await self._look_and_apply(requested, by=actor)
         after = await self.get(ident)
         if after.status.is_terminal:
             confirmed = look.action is not None and after.status == look.action.to
@@ -482,9 +482,9 @@ class ExecutionService:
             "confirmation, resolve again with force.",
             code="engine_not_confirmed", state=str(after.status))
 
-    async def _look_and_apply(self, execution: Execution) -> Look:
+    async def _look_and_apply(self, execution: Execution, *, by: str) -> Look:
         looker = self.looker or Looker({}, {})
-        look = await looker.look(execution, await self.store.db_now())
+        look = await looker.look(execution, await self.store.db_now(), by=by)
         if look.action is not None:
             applied = await self.store.execution_reconcile_apply([look.action])
             if not applied:

@@ -48,6 +48,8 @@ FAST = "shop:n8n/fast.run"
 FAST_LIMIT = 0.3
 SLOW = "shop:n8n/slow.run"
 """An external workflow whose limit (an hour) no test reaches."""
+CANCELLABLE = "shop:n8n/slow.run-cancellable"
+"""Like SLOW, and it may be cancelled."""
 WEBHOOK = "fulfil"
 DEPLOYMENT = "dep-reconciler"
 OWNER = "test-worker"
@@ -80,13 +82,15 @@ def workflow_tables(fast_limit: str = f"{int(FAST_LIMIT * 1000)}ms") -> list[dic
          "max_duration": fast_limit},
         {"ffqn": SLOW, "engine": "n8n", "webhook": f"/webhook/{WEBHOOK}",
          "max_duration": "1h"},
+        {"ffqn": CANCELLABLE, "engine": "n8n", "webhook": f"/webhook/{WEBHOOK}",
+         "max_duration": "1h"},
     ]
 
 
 def external_config(base_url: str, public_url: str = CLOSED_URL, *,
-                    timeout: float = 5.0) -> ExternalConfig:
+                    timeout: float = 5.0, login: bool = True) -> ExternalConfig:
     settings = Settings(public_url=public_url,
-                        engines={"n8n": engine_table(base_url, timeout=timeout)},
+                        engines={"n8n": engine_table(base_url, timeout=timeout, login=login)},
                         external_workflow=workflow_tables())
     return parse_external(settings, ENV)
 

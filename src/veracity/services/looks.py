@@ -98,11 +98,12 @@ class Looker:
 
     async def look(
         self, e: Execution, now: datetime, *,
-        before_stop: Callable[[], Awaitable[None]] | None = None,
+        before_stop: Callable[[], Awaitable[None]] | None = None, by: str = "reconciler",
     ) -> Look:
         """Ask the engine about ``e`` (if it can be asked), decide, and stop the run if the
         decision says so, then ask again and decide from that. ``before_stop`` runs just
-        before a stop request (the reconciler checks it still holds its lock there)."""
+        before a stop request (the reconciler checks it still holds its lock there);
+        ``by`` is who took the look (recorded with the write)."""
         obs = self.observe(e, now)
         engine = self.engines.get(e.engine or "")
         result = Look(e, decide(obs))
@@ -110,7 +111,7 @@ class Looker:
             result.why_unknown = ("it has no external id: the engine cannot be asked"
                                   if not obs.has_external_id
                                   else f"its engine {e.engine!r} is not configured here")
-            result.action = self._write(e, result.decision, result, now)
+            result.action = self._write(e, result.decision, result, now, by)
             return result
         assert e.external_execution_id is not None
         obs = await self._ask(engine, e.external_execution_id, obs, result)
@@ -128,7 +129,7 @@ class Looker:
             elif obs.engine is EngineState.RUNNING:
                 result.why_unknown = ("the engine accepted the stop but still runs the run "
                                       f"(status {obs_status(result)})")
-        result.action = self._write(e, result.decision, result, now)
+        result.action = self._write(e, result.decision, result, now, by)
         return result
 
     async def _ask(self, engine: Engine, external_id: str, obs: Observation,
@@ -169,9 +170,9 @@ class Looker:
             return f"failed: {outcome.reason}"
         return "ok"
 
-    def _write(self, e: Execution, decision: Decision, look: Look,
-               now: datetime) -> ReconcileAction | None:
-        data: dict[str, Any] = {"engine": e.engine}
+    def _write(self, e: Execution, decision: Decision, look: Look, now: datetime,
+               by: str) -> ReconcileAction | None:
+        data: dict[str, Any] = {"by": by, "engine": e.engine}
         if e.triggered_at is not None:
             limit = self.limits.get(e.ffqn)
             data["limit_breached"] = limit is not None and limit_breached(

@@ -609,12 +609,11 @@ def callback(execution_id: uuid.UUID, token: str, report: str, payload: JSON,
 
 
 def _overtaken(e: Execution) -> list[JSON]:
-    """Requests to end the run that the engine's own report overtook: its outcome stands
-    (it is what happened), and the history says the request lost the race."""
+    """An operator's request to end the run that the engine's own report overtook: its
+    outcome stands (it is what happened), and the history says the request lost the race.
+    (A cancel that lost is recorded by the database itself, as a ``late_report`` of the
+    cancel, for every kind of execution.)"""
     lost: list[JSON] = []
-    if e.cancel_requested_at is not None:
-        lost.append({"request": "cancel", "requested_at": e.cancel_requested_at.isoformat(),
-                     "outcome": "the engine reported first; its outcome stands"})
     if isinstance(e.end_request, dict):
         lost.append({"request": f"resolve {e.end_request.get('action')}",
                      "by": e.end_request.get("by"),
