@@ -212,7 +212,7 @@ async def test_resolve_on_n8n_1x_without_a_login_is_409_saying_why(
 async def test_forced_resolve_ends_it_flagged_as_forced_and_counted(
     rig: Rig, api: Api, action: str, to: Status
 ) -> None:
-    eid, run_id = await running_run(rig)
+    eid, _ = await running_run(rig)
     rig.fake.kill()
     try:
         response = await api.resolve(eid, action=action, reason="n8n is gone", force=True)
