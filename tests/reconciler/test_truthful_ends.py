@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,11 +29,13 @@ from tests.reconciler._support import (
     MAX_PAYLOAD,
     OWNER,
     SLOW,
+    VERACITY,
     Rig,
     callback_token,
     eventually,
     external_config,
     metric_value,
+    process_env,
 )
 from veracity.api import create_api
 from veracity.core.reconcile import FlagKind, WriteKind
@@ -517,3 +520,49 @@ async def test_an_n8n_restart_flags_nothing_and_a_stale_not_found_flag_clears(
     assert (await rig.kinds(eid))[-1] == "unflagged"
     await rig.assert_truthful()
 
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+
+
+async def test_veracity_resolve_force_warns_and_pause_explains(
+    rig: Rig, database_url: str, tmp_path: Path
+) -> None:
+    """Without a configuration the CLI has no engine to ask: a resolve that would end a
+    run with an external id is refused saying why; --force ends it, with a warning."""
+    eid, run_id = await running_run(rig)
+    claimed, _ = await rig.submit_claim(SLOW)  # claimed by a worker, not triggered yet
+    env = process_env(database_url)
+
+    async def cli(*args: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            VERACITY, *args, env=env, cwd=str(tmp_path),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    code, out, err = await cli("pause", str(eid))
+    assert code == 1 and "cannot pause a run" in err, (out, err)
+    code, out, err = await cli("pause", str(claimed.id))
+    assert code == 0 and "pause requested: it parks at its next step" in out, (out, err)
+
+    code, out, err = await cli("resolve", str(eid), "--fail", "--reason", "gone")
+    assert code == 1, (out, err)
+    assert err.startswith("error: the engine could not confirm the run has finished: its "
+                          "engine 'n8n' is not configured here"), err
+    assert (await rig.get(eid)).status == Status.RUNNING
+
+    code, out, err = await cli("resolve", str(eid), "--fail", "--reason", "gone", "--force",
+                               "--by", "eve")
+    assert code == 0, err
+    assert err.startswith(f"warning: {eid} ended failed_transient WITHOUT the engine's "
+                          "confirmation"), err
+    e = await rig.get(eid)
+    assert (e.status, e.flag_kind) == (Status.FAILED_TRANSIENT, "forced")
+    # an unconfirmed end on purpose: the run does go on in the engine, and the checker
+    # says so -- the one case where Veracity records a terminal state over a live run is
+    # the operator's explicit, flagged force
+    assert rig.truth(run_id).going
+    violations = rig.fake.truthful_violations(await rig.terminal_times())
+    assert len(violations) == 1 and str(eid) in violations[0]

@@ -260,6 +260,82 @@ async def test_delegate_refused_for_a_claim_that_lost_its_lease(
     assert ex.callback_token_hash == (token_hash(TOKEN) if how == "twice" else None)
 
 
+@pytest.mark.parametrize("request_", ["cancel", "pause"])
+async def test_delegate_carries_out_a_cancel_or_pause_requested_since_the_claim(
+    store: Store, clock: ManualClock, request_: str
+) -> None:
+    """A worker claimed it, then a cancel or pause was requested: at the delegation the
+    request is carried out instead, and the answer says it is not delegated (no trigger
+    may be sent)."""
+    claim = await running(store)
+    eid = claim.execution_id
+    if request_ == "cancel":
+        assert (await store.execution_cancel(eid, actor="ops")).changed
+    else:
+        assert (await store.execution_pause(eid, actor="ops")).changed
+    at = clock.advance(1)
+
+    tr = await store.execution_delegate_if_owned(claim, ENGINE, token_hash(TOKEN))
+
+    ex = await get(store, eid)
+    expected = Status.CANCELLED if request_ == "cancel" else Status.PAUSED
+    assert tr == TransitionResult(True, ex)
+    assert (ex.status, ex.engine, ex.triggered_at, ex.lease_owner, ex.updated_at) == (
+        expected, None, None, None, at)
+    events = await assert_history_consistent(store, eid)
+    assert events[-1].kind == str(expected)
+    assert "trigger_sending" not in kinds(events)
+
+
+async def test_pause_of_a_running_delegated_execution_is_refused(
+    store: Store, clock: ManualClock
+) -> None:
+    """The engine cannot pause a run: refused as not_pausable, with or without its id."""
+    for eid in (await delegated(store), await attached(store, "run-p")):
+        before = await snapshot(store, eid)
+        clock.advance(1)
+        res = await store.execution_pause(eid, actor="ops")
+        assert res.code == "not_pausable" and res.execution == before[0]
+        assert res.refused is not None and "cannot pause a run" in res.refused
+        await assert_unchanged(store, eid, before)
+
+
+async def test_a_callback_records_the_operator_request_it_overtook(
+    store: Store, clock: ManualClock
+) -> None:
+    eid = await attached(store, "run-1")
+    requested = await store.execution_resolve(
+        eid, action="cancel", external_id=None, reason="withdrawn", actor="ops",
+        expected_external_id="run-1")
+    assert requested.changed and requested.execution is not None
+    asked_at = requested.execution.end_requested_at
+    assert asked_at is not None
+    clock.advance(1)
+
+    res = await store.execution_callback(eid, TOKEN, "complete", {"ok": True})
+
+    assert res.outcome == "applied" and res.execution is not None
+    ex = await get(store, eid)
+    assert (ex.status, ex.end_request, ex.end_requested_at) == (Status.COMPLETED, None, None)
+    events = await assert_history_consistent(store, eid)
+    assert events[-1].data["overtook"] == [{
+        "request": "resolve cancel", "by": "ops", "requested_at": asked_at.isoformat(),
+        "outcome": "the engine reported first; its outcome stands"}]
+
+
+async def test_flag_counts_by_kind_include_terminal_forced_ones(store: Store) -> None:
+    assert await store.execution_flag_counts() == {}
+    a, b, c = [await attached(store, f"run-{i}") for i in "abc"]
+    d = await delegated(store)
+    assert await store.execution_reconcile_apply([
+        flag_action(a, "run-a", "x"), flag_action(b, "run-b", "y"),
+        flag_action(c, "run-c", "z", kind=FlagKind.STOP_UNCONFIRMED),
+        flag_action(d, None, "w")])
+    assert (await operator_ends(store, b)).changed
+    assert await store.execution_flag_counts() == {
+        "unknown_id": 1, "forced": 1, "stop_unconfirmed": 1, "no_external_id": 1}
+
+
 async def test_delegate_of_an_unknown_execution(store: Store) -> None:
     unknown = Claim(uuid.uuid4(), OWNER, 1)
     tr = await store.execution_delegate_if_owned(unknown, ENGINE, token_hash(TOKEN))
