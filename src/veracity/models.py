@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from veracity.core.reconcile import FlagKind, WriteKind
+from veracity.core.recovery import RecoveryAction
 from veracity.core.states import Status
 
 JSON = Any  # a value that json.dumps accepts
@@ -171,6 +172,7 @@ class Recovered:
     execution: Execution
     previous_owner: str
     previous_epoch: int
+    action: RecoveryAction
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,11 @@
-"""Lease recovery (seed 002, made durable).
+"""Lease recovery (docs/workers.md).
 
 Executions whose lease expired go back to ``pending`` with ``attempt + 1`` (their next run
-resumes from the checkpoints) or, once ``attempt >= max_attempts``, end ``failed_transient``;
-the owner is cleared and the reason recorded in history. One runner per tick across all
+resumes from the checkpoints) or, once ``attempt >= max_attempts``, end ``failed_transient``
+(a cancel requested meanwhile is carried out instead): the decision is
+:func:`veracity.core.recovery.decide_recovery`'s, applied by the store only while the
+expired lease is still the one it looked at; the owner is cleared and the reason recorded
+in history. One runner per tick across all
 servers (PostgreSQL advisory lock; an exclusive file lock on SQLite); a busy lock skips the
 tick.
 """
@@ -14,7 +17,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
 
-from veracity.core.states import Status
+from veracity.core.recovery import RecoveryAction
 from veracity.store.protocol import Store
 
 log = logging.getLogger("veracity.recovery")
@@ -78,18 +81,14 @@ class RecoveryService:
                 )
                 for item in recovered:
                     e = item.execution
-                    action = {Status.PENDING: "retry", Status.FAILED_TRANSIENT:
-                              "failed_transient"}.get(e.status, "cancel")
-                    if action == "retry":
-                        result.retried.append(str(e.id))
-                    elif action == "failed_transient":
-                        result.failed.append(str(e.id))
-                    else:  # a cancel requested before the lease expired: carried out
-                        result.cancelled.append(str(e.id))
+                    {RecoveryAction.RETRY: result.retried,
+                     RecoveryAction.FAILED_TRANSIENT: result.failed,
+                     # a cancel requested before the lease expired: carried out
+                     RecoveryAction.CANCEL: result.cancelled}[item.action].append(str(e.id))
                     if self.metrics:
-                        self.metrics.actions.labels(action).inc()
+                        self.metrics.actions.labels(str(item.action)).inc()
                     log.warning(
-                        "lease expired: %s", action,
+                        "lease expired: %s", item.action,
                         extra={"domain": self.name, "execution_id": str(e.id),
                                "previous_owner": item.previous_owner,
                                "epoch": item.previous_epoch, "attempt": e.attempt,

@@ -18,11 +18,12 @@ from veracity.models import (
     Interrupt,
     NewExecution,
     ReconcileAction,
+    Recovered,
     Taken,
     TransitionResult,
 )
 from veracity.store import _ops
-from veracity.store._common import require_aware
+from veracity.store._common import recover_sources, require_aware
 
 
 class EngineMethods:
@@ -207,6 +208,15 @@ class EngineMethods:
         result: list[ReconcileAction] = await self._op(
             lambda: _ops.reconcile_apply(actions, self._now()))
         return result
+
+    async def execution_recover_expired(
+        self, *, max_attempts: int, limit: int = 1000
+    ) -> list[Recovered]:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        recovered: list[Recovered] = await self._op(lambda: _ops.recover_expired(
+            max_attempts, limit, recover_sources(), self._now()))
+        return recovered
 
     async def execution_resolve(
         self, execution_id: uuid.UUID, *, action: str, external_id: str | None, reason: str,

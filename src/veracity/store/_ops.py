@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
+from veracity.core.recovery import Expired, decide_recovery
 from veracity.core.states import TERMINAL, Status, sources_of
 from veracity.models import (
     JSON,
@@ -33,6 +34,7 @@ from veracity.models import (
     Message,
     NewExecution,
     ReconcileAction,
+    Recovered,
     Taken,
     TransitionResult,
 )
@@ -314,6 +316,48 @@ def _stop_cancel(claim: Claim, seq: int, now: datetime | None) -> Op:
     yield from _events(claim.execution_id, seq, [(str(target), {
         "owner": claim.owner, "epoch": claim.epoch, "reason": reason})], now)
     return TransitionResult(True, execution_from(rows[0]))
+
+
+# -- lease recovery -------------------------------------------------------------------------
+
+
+def recover_expired(max_attempts: int, limit: int, from_states: list[str],
+                    now: datetime | None) -> Op:
+    """Executions whose lease expired: each decided by :func:`decide_recovery` from its
+    record, then applied in one statement, each only while the lease it was decided on is
+    still the expired one; one history event each (docs/workers.md)."""
+    rows = yield Query("execution_expired_leases", {
+        "limit": limit, "now": now, "terminal": TERMINAL_NAMES})
+    if not rows:
+        return []
+    decided = {}
+    for r in rows:
+        decided[r["id"]] = (r, decide_recovery(Expired(
+            owner=r["lease_owner"], attempt=int(r["attempt"]), max_attempts=max_attempts,
+            cancel_requested=bool(r["cancel_requested"]),
+            open_children=int(r["open_children"]))))
+    updated = yield Query("execution_recover_many", {
+        "now": now, "from_states": from_states,
+        "rows": JsonParam([{"id": str(r["id"]), "owner": r["lease_owner"],
+                            "epoch": r["lease_epoch"], "to_status": str(d.status),
+                            "attempt": d.attempt, "error": d.error}
+                           for r, d in decided.values()]),
+    })
+    done = {row["id"]: execution_from(row) for row in updated}
+    out: list[Recovered] = []
+    events: list[JSON] = []
+    for eid, (r, d) in decided.items():  # in the order the leases expired
+        e = done.get(eid)
+        if e is None:
+            continue
+        events.append({"execution_id": str(eid), "seq": e.history_seq, "kind": str(e.status),
+                       "data": {"reason": "lease expired", "owner": r["lease_owner"],
+                                "epoch": r["lease_epoch"], "attempt": r["attempt"],
+                                "max_attempts": max_attempts}})
+        out.append(Recovered(e, r["lease_owner"], r["lease_epoch"], d.action))
+    if events:
+        yield Query("history_append_many", {"rows": JsonParam(events), "now": now})
+    return out
 
 
 # -- reads ---------------------------------------------------------------------------------

@@ -205,55 +205,41 @@ WITH hb AS (
 )
 SELECT id, lease_epoch FROM renewed
 
--- name: execution_recover_expired
--- Lease recovery: expired leases of worker-run executions go back to pending (attempt + 1)
--- or, after max_attempts, to failed_transient; the owner is cleared, the reason recorded.
-WITH expired AS (
-    SELECT id, lease_owner AS old_owner, lease_epoch AS old_epoch, attempt AS old_attempt
-    FROM veracity_executions
-    WHERE status = 'running'
-      AND lease_owner IS NOT NULL
-      AND lease_expires_at <= coalesce(%(now)s::timestamptz, now())
-    ORDER BY lease_expires_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), upd AS (
-    UPDATE veracity_executions AS e SET
-        -- a cancel requested before the lease expired is carried out, not re-run
-        status = CASE
-            WHEN e.cancel_requested_at IS NOT NULL THEN
-                CASE WHEN EXISTS (SELECT 1 FROM veracity_executions AS c
-                                  WHERE c.parent_id = e.id
-                                    AND c.status NOT IN ('completed', 'failed',
-                                                         'failed_transient', 'cancelled'))
-                     THEN 'blocked' ELSE 'cancelled' END
-            WHEN e.attempt >= %(max_attempts)s THEN 'failed_transient'
-            ELSE 'pending' END,
-        attempt = CASE WHEN e.cancel_requested_at IS NOT NULL OR e.attempt >= %(max_attempts)s
-                       THEN e.attempt ELSE e.attempt + 1 END,
-        error = CASE WHEN e.cancel_requested_at IS NULL AND e.attempt >= %(max_attempts)s
-                     THEN json_build_object(
-                        'code', 'lease_expired',
-                        'message', format('lease of %%s expired on attempt %%s of %%s',
-                                          expired.old_owner, e.attempt, %(max_attempts)s::int))
-                     ELSE e.error END,
-        lease_owner = NULL,
-        lease_expires_at = NULL,
-        updated_at = coalesce(%(now)s::timestamptz, now()),
-        history_seq = e.history_seq + 1
-    FROM expired
-    WHERE e.id = expired.id
-      AND e.status = ANY (%(from_states)s::text[])
-      AND e.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
-    RETURNING e.*, expired.old_owner, expired.old_epoch, expired.old_attempt
-), ev AS (
-    INSERT INTO veracity_history (execution_id, seq, kind, at, data)
-    SELECT id, history_seq, status, updated_at, json_build_object(
-        'reason', 'lease expired', 'owner', old_owner, 'epoch', old_epoch,
-        'attempt', old_attempt, 'max_attempts', %(max_attempts)s::int)
-    FROM upd
-)
-SELECT * FROM upd
+-- name: execution_expired_leases
+-- Lease recovery, first half: worker-run executions whose lease expired, locked, with what
+-- the decision (veracity.core.recovery) needs; rows other recoverers hold are skipped.
+SELECT e.id, e.lease_owner, e.lease_epoch, e.attempt,
+       e.cancel_requested_at IS NOT NULL AS cancel_requested,
+       (SELECT count(*) FROM veracity_executions AS c
+        WHERE c.parent_id = e.id AND c.status <> ALL (%(terminal)s::text[])) AS open_children
+FROM veracity_executions AS e
+WHERE e.status = 'running'
+  AND e.lease_owner IS NOT NULL
+  AND e.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+ORDER BY e.lease_expires_at
+LIMIT %(limit)s
+FOR UPDATE OF e SKIP LOCKED
+
+-- name: execution_recover_many
+-- Lease recovery, second half: each decision applied only while the lease it was decided
+-- on (owner, epoch) is still the expired one; rows [{id, owner, epoch, to_status,
+-- attempt, error}]. The owner is cleared.
+UPDATE veracity_executions AS e SET
+    status = r.to_status,
+    attempt = r.attempt,
+    error = coalesce(r.error, e.error),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = e.history_seq + 1
+FROM json_to_recordset(%(rows)s::json)
+     AS r (id uuid, owner text, epoch bigint, to_status text, attempt integer, error json)
+WHERE e.id = r.id
+  AND e.status = ANY (%(from_states)s::text[])
+  AND e.lease_owner = r.owner
+  AND e.lease_epoch = r.epoch
+  AND e.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+RETURNING e.*
 
 -- name: worker_register
 INSERT INTO veracity_workers (

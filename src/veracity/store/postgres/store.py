@@ -29,7 +29,6 @@ from veracity.models import (
     HistoryEvent,
     ListCursor,
     NewExecution,
-    Recovered,
     Submitted,
     TransitionResult,
     WorkerInfo,
@@ -46,7 +45,6 @@ from veracity.store._common import (
     late_report_event,
     lock_key,
     owned_sources,
-    recover_sources,
     require_aware,
 )
 from veracity.store._engine_methods import EngineMethods
@@ -480,22 +478,6 @@ class PostgresStore(EngineMethods):
             },
         )
         return [Claim(row["id"], owner, row["lease_epoch"]) for row in rows]
-
-    async def execution_recover_expired(
-        self, *, max_attempts: int, limit: int = 1000
-    ) -> list[Recovered]:
-        rows = await self._fetchall(
-            "execution_recover_expired",
-            {
-                "max_attempts": max_attempts,
-                "limit": limit,
-                "from_states": recover_sources(),
-                "now": self._now(),
-            },
-        )
-        return [
-            Recovered(row_to_execution(row), row["old_owner"], row["old_epoch"]) for row in rows
-        ]
 
     # -- workers --------------------------------------------------------------------
 

@@ -116,38 +116,42 @@ RETURNING id, lease_epoch
 -- name: worker_heartbeat
 UPDATE veracity_workers SET last_heartbeat = :now WHERE id = :owner
 
--- name: execution_expired
-SELECT id, lease_owner, lease_epoch, attempt FROM veracity_executions
-WHERE status = 'running' AND lease_owner IS NOT NULL AND lease_expires_at <= :now
-ORDER BY lease_expires_at
+-- name: execution_expired_leases
+-- Lease recovery, first half: worker-run executions whose lease expired, with what the
+-- decision (veracity.core.recovery) needs (the transaction's write lock is the lock).
+SELECT e.id, e.lease_owner, e.lease_epoch, e.attempt,
+       e.cancel_requested_at IS NOT NULL AS cancel_requested,
+       (SELECT count(*) FROM veracity_executions AS c
+        WHERE c.parent_id = e.id
+          AND c.status NOT IN (SELECT value FROM json_each(:terminal))) AS open_children
+FROM veracity_executions AS e
+WHERE e.status = 'running' AND e.lease_owner IS NOT NULL AND e.lease_expires_at <= :now
+ORDER BY e.lease_expires_at
 LIMIT :limit
 
--- name: execution_recover_one
+-- name: execution_recover_many
+-- Lease recovery, second half: each decision applied only while the lease it was decided
+-- on (owner, epoch) is still the expired one; rows [{id, owner, epoch, to_status,
+-- attempt, error}]. The owner is cleared.
 UPDATE veracity_executions SET
-    -- a cancel requested before the lease expired is carried out, not re-run
-    status = CASE
-        WHEN cancel_requested_at IS NOT NULL THEN
-            CASE WHEN EXISTS (SELECT 1 FROM veracity_executions AS c
-                              WHERE c.parent_id = veracity_executions.id
-                                AND c.status NOT IN ('completed', 'failed',
-                                                     'failed_transient', 'cancelled'))
-                 THEN 'blocked' ELSE 'cancelled' END
-        WHEN attempt >= :max_attempts THEN 'failed_transient'
-        ELSE 'pending' END,
-    attempt = CASE WHEN cancel_requested_at IS NOT NULL OR attempt >= :max_attempts
-                   THEN attempt ELSE attempt + 1 END,
-    error = CASE WHEN cancel_requested_at IS NULL AND attempt >= :max_attempts
-                 THEN json_object('code', 'lease_expired', 'message',
-                      printf('lease of %s expired on attempt %d of %d',
-                             lease_owner, attempt, :max_attempts))
-                 ELSE error END,
+    status = r.r_to,
+    attempt = r.r_attempt,
+    error = coalesce(r.r_error, error),
     lease_owner = NULL,
     lease_expires_at = NULL,
     updated_at = :now,
     history_seq = history_seq + 1
-WHERE id = :id
-  AND status IN (SELECT value FROM json_each(:from_states))
-  AND lease_expires_at <= :now
+FROM (SELECT json_extract(value, '$.id') AS r_id, json_extract(value, '$.owner') AS r_owner,
+             json_extract(value, '$.epoch') AS r_epoch,
+             json_extract(value, '$.to_status') AS r_to,
+             json_extract(value, '$.attempt') AS r_attempt,
+             json_extract(value, '$.error') AS r_error
+      FROM json_each(:rows)) AS r
+WHERE veracity_executions.id = r.r_id
+  AND veracity_executions.status IN (SELECT value FROM json_each(:from_states))
+  AND veracity_executions.lease_owner = r.r_owner
+  AND veracity_executions.lease_epoch = r.r_epoch
+  AND veracity_executions.lease_expires_at <= :now
 RETURNING *
 
 -- name: worker_register

@@ -34,7 +34,6 @@ from veracity.models import (
     HistoryEvent,
     ListCursor,
     NewExecution,
-    Recovered,
     Submitted,
     TransitionResult,
     WorkerInfo,
@@ -50,7 +49,6 @@ from veracity.store._common import (
     claim_sources,
     late_report_event,
     owned_sources,
-    recover_sources,
     require_aware,
 )
 from veracity.store._engine_methods import EngineMethods
@@ -538,31 +536,6 @@ class SqliteStore(EngineMethods):
                 if row is not None:
                     renewed.append(Claim(uuid.UUID(row["id"]), owner, row["lease_epoch"]))
             return renewed
-
-        return await self._run(self._write, work)
-
-    async def execution_recover_expired(
-        self, *, max_attempts: int, limit: int = 1000
-    ) -> list[Recovered]:
-        def work(conn: sqlite3.Connection, now: int) -> list[Recovered]:
-            out: list[Recovered] = []
-            expired = conn.execute(Q["execution_expired"], {"now": now, "limit": limit})
-            for old in expired.fetchall():
-                row = conn.execute(
-                    Q["execution_recover_one"],
-                    {"id": old["id"], "max_attempts": max_attempts, "now": now,
-                     "from_states": _dumps(recover_sources())},
-                ).fetchone()
-                if row is None:
-                    continue
-                self._event(conn, row["id"], row["history_seq"], row["status"], now, {
-                    "reason": "lease expired", "owner": old["lease_owner"],
-                    "epoch": old["lease_epoch"], "attempt": old["attempt"],
-                    "max_attempts": max_attempts,
-                })
-                out.append(Recovered(row_to_execution(row), old["lease_owner"],
-                                     old["lease_epoch"]))
-            return out
 
         return await self._run(self._write, work)
 
