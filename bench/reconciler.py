@@ -71,7 +71,7 @@ import psycopg
 
 from bench._util import free_port, scratch_pg_database
 from bench.workers import migrate
-from veracity.store._common import RunnerLock
+from veracity.store import RunnerLock
 
 ROOT = Path(__file__).resolve().parent.parent
 FFQN = "bench:n8n/run.ext"
@@ -294,14 +294,14 @@ async def counting_statements() -> AsyncIterator[dict[str, float]]:
 
 async def _one_tick(db_url: str, engine_url: str, concurrency: int,
                     profile: str | None, budget: float | None) -> Tick:
-    from veracity.engines.base import parse_engine_config
-    from veracity.engines.n8n import N8nEngine
-    from veracity.services.reconciler import ReconcilerService
+    from veracity.adapters.config import parse_engine_config
+    from veracity.adapters.n8n import N8nEngine
+    from veracity.maintenance.reconciler import ReconcilerService
     from veracity.store import open_store
 
     config = parse_engine_config("n8n", {"base_url": engine_url, "api_key_env": "BENCH_KEY"},
                                  {"BENCH_KEY": API_KEY})
-    engine = N8nEngine(config)  # as veracity.external.build_engines does
+    engine = N8nEngine(config)  # as veracity.adapters.build_engines does
     answered = 0
     inspect = engine.inspect
 

@@ -29,8 +29,8 @@ import psycopg
 from bench._util import scratch_pg_database, veracity_bin
 from veracity._ids import new_execution_id
 from veracity.core.states import Status
+from veracity.maintenance.recovery import RecoveryService
 from veracity.models import ExecutionFilter, NewExecution
-from veracity.services.recovery import RecoveryService
 from veracity.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent

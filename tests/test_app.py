@@ -10,7 +10,7 @@ import pytest
 
 import veracity
 from veracity import App
-from veracity._app import load_app
+from veracity.app import load_app
 from veracity.errors import ConfigError
 
 

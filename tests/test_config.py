@@ -322,7 +322,7 @@ def test_other_value_rules() -> None:
 
 def test_engine_tables_are_read_raw_for_their_own_check(tmp_path: Path) -> None:
     # [engines.<name>] and [[external_workflow]] are validated entry by entry at start by
-    # veracity.external.parse_external (tests/reconciler/test_bad_config.py), not here.
+    # veracity.adapters.config.parse_external (tests/reconciler/test_bad_config.py), not here.
     path = write(
         tmp_path / "conf.toml",
         'public_url = "https://veracity.example"\n'

@@ -1,6 +1,6 @@
 """Veracity: durable workflow execution that never lies about the state of an execution."""
 
-from veracity._app import App, WorkflowDef
+from veracity.app import App, WorkflowDef
 from veracity.core.retry import RetryPolicy
 from veracity.core.states import Status
 from veracity.worker.context import (

@@ -204,7 +204,7 @@ class Settings(_Model):
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     public_url: str | None = None
-    # File-only tables, validated entry by entry at start (veracity.external.parse_external).
+    # File-only tables, validated entry by entry at start (veracity.adapters.config.parse_external).
     engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
     external_workflow: list[dict[str, Any]] = Field(default_factory=list)
 

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
-from veracity._app import App, load_app
+from veracity.adapters import build_engines, close_engines
+from veracity.adapters.base import Engine
+from veracity.adapters.config import ExternalConfig, parse_external
+from veracity.adapters.looks import Looker
+from veracity.app import App, load_app
 from veracity.config import Settings
-from veracity.engines.base import Engine
-from veracity.external import ExternalConfig, build_engines, close_engines, parse_external
-from veracity.service import ExecutionService
-from veracity.services.looks import Looker
+from veracity.control import ExecutionService
 from veracity.store import Store, open_store
 
 

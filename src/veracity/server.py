@@ -17,14 +17,14 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from veracity._app import App
 from veracity.api import create_api
+from veracity.app import App
 from veracity.config import Settings
+from veracity.control import ServiceMetrics
+from veracity.maintenance._loop import run_forever
+from veracity.maintenance.reconciler import ReconcilerMetrics, ReconcilerService
+from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
 from veracity.runtime import Runtime, build_looker, open_runtime, redact_url
-from veracity.service import ServiceMetrics
-from veracity.services._loop import run_forever
-from veracity.services.reconciler import ReconcilerMetrics, ReconcilerService
-from veracity.services.recovery import RecoveryMetrics, RecoveryService
 from veracity.worker.runner import Worker
 
 log = logging.getLogger("veracity.server")

@@ -10,9 +10,9 @@ import pytest
 from fastapi import FastAPI
 
 from veracity.api import create_api
+from veracity.control import ExecutionService
 from veracity.examples import shop
 from veracity.models import ExecutionFilter
-from veracity.service import ExecutionService
 from veracity.store import Store, open_store
 
 MAX_PAYLOAD = 2048

@@ -20,7 +20,7 @@ from fastapi.routing import APIRoute
 
 from tests.api.conftest import MAX_PAYLOAD, count_executions, stable
 from veracity.api import create_api
-from veracity.service import ExecutionService
+from veracity.control import ExecutionService
 from veracity.store import Store
 
 ORDERS = "shop:orders/process.run"

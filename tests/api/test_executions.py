@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 
 from tests.api.conftest import DEPLOYMENT, count_executions, stable
+from veracity.control import ExecutionService
 from veracity.examples import shop
 from veracity.models import Claim
-from veracity.service import ExecutionService
 from veracity.store import Store
 
 ORDERS = "shop:orders/process.run"

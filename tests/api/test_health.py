@@ -23,8 +23,8 @@ from psycopg import sql
 
 from tests.api.conftest import DEPLOYMENT
 from veracity.api import create_api
+from veracity.control import ExecutionService
 from veracity.examples import shop
-from veracity.service import ExecutionService
 from veracity.store import Store, open_store
 
 HEALTH_TIMEOUT = 1.0

@@ -20,7 +20,7 @@ from veracity.core.states import (
 
 NON_TERMINAL = {Status.PENDING, Status.RUNNING, Status.BLOCKED, Status.PAUSED}
 
-# The expected graph, written out independently of the module (DESIGN section 2).
+# The expected graph, written out independently of the module (docs/states.md).
 EXPECTED = {
     (Status.PENDING, Status.RUNNING),
     (Status.PENDING, Status.PAUSED),
@@ -88,7 +88,7 @@ def test_no_self_loops():
 
 
 def test_only_the_owner_path_reaches_completed():
-    # invariant 3: completed is entered only from running (a worker or /complete)
+    # docs/states.md, guarantee 3: completed is entered only from running (a worker or /complete)
     assert sources_of(Status.COMPLETED) == (Status.RUNNING,)
     assert sources_of(Status.FAILED) == (Status.RUNNING,)
 

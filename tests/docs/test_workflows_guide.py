@@ -13,9 +13,9 @@ import pytest
 
 from veracity import App
 from veracity.config import WorkerSettings
+from veracity.control import ExecutionService
 from veracity.core.states import Status
 from veracity.errors import Conflict
-from veracity.service import ExecutionService
 from veracity.store import open_store
 from veracity.worker.runner import Worker
 

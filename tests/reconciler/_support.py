@@ -27,15 +27,15 @@ import httpx
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from veracity.adapters.config import ExternalConfig, parse_external
+from veracity.adapters.n8n import N8nEngine
 from veracity.config import Settings
 from veracity.core.states import TERMINAL, Status
-from veracity.engines.n8n import N8nEngine
-from veracity.external import ExternalConfig, parse_external, trigger
+from veracity.maintenance.reconciler import ReconcilerMetrics, ReconcilerService, TickResult
 from veracity.models import Claim, Execution, HistoryEvent, NewExecution
-from veracity.services.reconciler import ReconcilerMetrics, ReconcilerService, TickResult
-from veracity.store import Store
-from veracity.store._ops import token_hash
+from veracity.store import Store, token_hash
 from veracity.testing.fake_n8n import FakeN8n, RunTruth, Script
+from veracity.worker.trigger import trigger
 
 API_KEY = "reconciler-test-key"
 EMAIL = "owner@example.com"

@@ -25,9 +25,9 @@ from tests.reconciler._support import (
     external_config,
     new_fake,
 )
+from veracity.adapters.n8n import N8nEngine
 from veracity.api import create_api
-from veracity.engines.n8n import N8nEngine
-from veracity.service import ExecutionService
+from veracity.control import ExecutionService
 from veracity.store import Store, open_store
 from veracity.testing.fake_n8n import FakeN8n, create_app, running, serve_asgi_in_thread
 

@@ -24,7 +24,7 @@ from tests.reconciler._support import (
 )
 from tests.reconciler.conftest import MakeRig
 from veracity.core.states import Status
-from veracity.store._ops import token_hash
+from veracity.store import token_hash
 from veracity.testing.fake_n8n import Script, Work
 
 pytestmark = pytest.mark.timeout(60)

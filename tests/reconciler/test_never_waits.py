@@ -33,9 +33,9 @@ from tests.reconciler._support import (
     server_processes,
     wait_status,
 )
+from veracity.adapters.n8n import N8nEngine
 from veracity.core.states import Status
-from veracity.engines.n8n import N8nEngine
-from veracity.services.reconciler import ReconcilerService
+from veracity.maintenance.reconciler import ReconcilerService
 from veracity.store import Store, open_store
 from veracity.testing.fake_n8n import Script
 

@@ -20,9 +20,9 @@ from tests.reconciler._support import (
     eventually,
 )
 from tests.worker._procs import Processes
+from veracity.adapters.config import parse_external
+from veracity.adapters.n8n import N8nEngine
 from veracity.config import load_settings
-from veracity.engines.n8n import N8nEngine
-from veracity.external import parse_external
 from veracity.models import NewExecution
 from veracity.store import Store
 from veracity.testing.fake_n8n import FakeN8n, Script

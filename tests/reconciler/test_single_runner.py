@@ -35,10 +35,10 @@ from tests.reconciler._support import (
     server_processes,
     wait_status,
 )
+from veracity.adapters.n8n import N8nEngine
 from veracity.core.states import Status
-from veracity.engines.n8n import N8nEngine
-from veracity.services._loop import run_forever
-from veracity.services.reconciler import ReconcilerMetrics, ReconcilerService
+from veracity.maintenance._loop import run_forever
+from veracity.maintenance.reconciler import ReconcilerMetrics, ReconcilerService
 from veracity.store import Store, open_store
 from veracity.testing.fake_n8n import Script
 
@@ -226,9 +226,10 @@ async def test_lock_connection_killed_mid_tick_leaves_no_stuck_lock(
 async def test_a_tick_that_lost_its_lock_stops_acting(
     tagged: Tagged, stores: list[Store], pg_url: str
 ) -> None:
-    """Ticks never overlap (DESIGN 1.6), even when the lock's session dies mid-tick: from then
-    on another runner may take the lock, so the tick that lost it must not go on asking the
-    engine to stop runs or writing its actions. (What it already sent cannot be unsent.)"""
+    """Ticks never overlap (docs/states.md, guarantee 6), even when the lock's session dies
+    mid-tick: from then on another runner may take the lock, so the tick that lost it must not
+    go on asking the engine to stop runs or writing its actions. (What it already sent cannot
+    be unsent.)"""
     sc = await scenario(tagged, stores[0], quiet=1)
     tagged.fake.latency = 0.4
     svcs, _, engines = services(tagged, stores)

@@ -1,7 +1,7 @@
-"""Seed 000's decision table, row by row, end to end: runs started the way the worker starts
-them (claim, then ``external.trigger`` through the n8n adapter) on a fake n8n served over
-loopback, reconciled by ``ReconcilerService.run_once``; the fake's ground truth checks the
-truthfulness invariant after every scenario.
+"""The reconciler's decision table (docs/external.md), row by row, end to end: runs started
+the way the worker starts them (claim, then ``worker.trigger.trigger`` through the n8n
+adapter) on a fake n8n served over loopback, reconciled by ``ReconcilerService.run_once``;
+the fake's ground truth checks the truthfulness guarantee after every scenario.
 
 | ext id | breached | engine   | action                                                    |
 | yes    | no       | finished | failed_transient, no remote stop                          |

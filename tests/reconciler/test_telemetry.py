@@ -28,7 +28,7 @@ from tests.reconciler._support import (
 )
 from veracity._logging import JsonFormatter
 from veracity.core.states import Status
-from veracity.services._loop import run_forever
+from veracity.maintenance._loop import run_forever
 from veracity.testing.fake_n8n import FakeN8n, Script
 
 pytestmark = pytest.mark.timeout(90)

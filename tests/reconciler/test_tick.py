@@ -12,8 +12,8 @@ import pytest
 from tests.reconciler._support import SLOW, Rig, wait_status
 from veracity.config import ReconcilerSettings, Settings, load_settings
 from veracity.core.states import Status
-from veracity.services.reconciler import ReconcilerService
-from veracity.services.recovery import RecoveryService
+from veracity.maintenance.reconciler import ReconcilerService
+from veracity.maintenance.recovery import RecoveryService
 from veracity.store import open_store
 from veracity.testing.fake_n8n import Script
 

@@ -24,8 +24,8 @@ from tests.reconciler._support import (
 from tests.reconciler.conftest import MakeRig
 from tests.worker._procs import Processes, WorkerProcess
 from veracity.core.states import Status
+from veracity.maintenance.recovery import RecoveryService
 from veracity.models import NewExecution
-from veracity.services.recovery import RecoveryService
 from veracity.testing.fake_n8n import Script
 
 pytestmark = pytest.mark.timeout(60)

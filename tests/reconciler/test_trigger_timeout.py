@@ -27,11 +27,11 @@ from tests.reconciler._support import (
     process_env,
 )
 from tests.reconciler.conftest import MakeRig
-from veracity._app import App
+from veracity.app import App
 from veracity.config import WorkerSettings
 from veracity.core.states import Status
+from veracity.maintenance.recovery import RecoveryService
 from veracity.models import NewExecution
-from veracity.services.recovery import RecoveryService
 from veracity.testing.fake_n8n import Script
 from veracity.worker.runner import Worker
 

@@ -37,15 +37,15 @@ from tests.reconciler._support import (
     metric_value,
     process_env,
 )
+from veracity.adapters.looks import Looker
+from veracity.adapters.n8n import N8nEngine
 from veracity.api import create_api
+from veracity.control import ExecutionService, ServiceMetrics
 from veracity.core.reconcile import FlagKind, WriteKind
 from veracity.core.states import Status
-from veracity.engines.n8n import N8nEngine
-from veracity.external import trigger
 from veracity.models import Claim, NewExecution, ReconcileAction
-from veracity.service import ExecutionService, ServiceMetrics
-from veracity.services.looks import Looker
 from veracity.testing.fake_n8n import FakeN8n, Script, Wait
+from veracity.worker.trigger import trigger
 
 PARENT = "shop:orders/parent.run-cancellable"
 

@@ -21,18 +21,12 @@ from tests.reconciler._support import (
     external_config,
     wait_status,
 )
+from veracity.adapters.base import CallbackInfo, Engine, Inspection, StartResult, StopResult
+from veracity.adapters.config import parse_engine_config
+from veracity.adapters.n8n import N8nEngine
 from veracity.core.states import Status
-from veracity.engines.base import (
-    CallbackInfo,
-    Engine,
-    Inspection,
-    StartResult,
-    StopResult,
-    parse_engine_config,
-)
-from veracity.engines.n8n import N8nEngine
-from veracity.services._loop import run_forever
-from veracity.services.reconciler import ReconcilerService
+from veracity.maintenance._loop import run_forever
+from veracity.maintenance.reconciler import ReconcilerService
 from veracity.testing.fake_n8n import Script
 
 pytestmark = pytest.mark.timeout(60)

@@ -2,7 +2,7 @@
 
 * :class:`RawSQL` reaches past the store to the database itself: for fault injection
   (a trigger that makes history inserts fail) and to check what the schema enforces.
-* :func:`assert_history_consistent` checks invariant 7 after any operation: history
+* :func:`assert_history_consistent` checks docs/states.md's guarantee 7 after any operation: history
   sequence numbers are 1..n without gaps and the newest state event names the status.
 """
 

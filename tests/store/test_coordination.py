@@ -1,4 +1,4 @@
-"""Store conformance: single-runner locks for periodic services (invariant 6) and
+"""Store conformance: single-runner locks for periodic services (docs/states.md, guarantee 6) and
 wake-up notifications for workers. Runs unchanged against every backend."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Store conformance: what operators ask of executions -- cancel (recursive, -cancellable
-only, idempotent; seed 001 and DESIGN section 5) and pause/unpause -- and how a cancel
-that races the execution's own end is kept as a late report (DESIGN invariants 1, 4, 7).
+only, idempotent; docs/workflows.md) and pause/unpause -- and how a cancel
+that races the execution's own end is kept as a late report (docs/states.md, guarantees 1, 4 and 7).
 Runs unchanged against every backend.
 """
 
@@ -368,7 +368,7 @@ async def test_cancel_of_a_paused_parent_waits_for_its_children(
 async def test_cancel_stops_the_timer_of_a_parent_that_waits_for_children(
     store: Store, clock: ManualClock
 ) -> None:
-    """Cancelling closes the join sets: timers are cancelled (seed 001). A parent left
+    """Cancelling closes the join sets: timers are cancelled (docs/workflows.md). A parent left
     waiting for a child that cannot be cancelled must not be woken by its old timer (it
     would be claimed and run on, though cancelled)."""
     root = await submit_unique(store, cancellable=True)
@@ -494,7 +494,7 @@ async def test_concurrent_cancel_and_completion_of_a_child_both_answer(
 ) -> None:
     """The cancel locks the parent, then its children; a child's completion locks the child,
     then (its trigger) the parent. Interleaved, PostgreSQL sees a deadlock and aborts one of
-    them: both calls must still answer (applied or refused), never raise (DESIGN section 2:
+    them: both calls must still answer (applied or refused), never raise (docs/states.md:
     "zero rows updated means someone else won, never an exception trace").
 
     Deterministic: the completion's connection checks for deadlocks after 50 ms, the
@@ -587,7 +587,7 @@ async def test_recovery_of_a_cancel_requested_execution_records_it_cancelled(
     store: Store, clock: ManualClock
 ) -> None:
     """Its worker died before acting on the cancel. Recovery would make it pending, and a
-    pending execution whose cancel was requested is cancelled at once (seed 001), not run
+    pending execution whose cancel was requested is cancelled at once (docs/workflows.md), not run
     again."""
     ex = await submit_unique(store, cancellable=True)
     await claim_exactly(store, ex.id)

@@ -3,7 +3,7 @@ take a message, stop at an interrupt), what operators send (messages), the timer
 the triggers that tell a parent its child ended. Runs unchanged against every backend.
 
 Every refused or fenced write must change nothing but leave a ``late_report`` in history
-(DESIGN invariants 2 and 4); every state change appends its event (invariant 7).
+(docs/states.md, guarantees 2 and 4); every state change appends its event (guarantee 7).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ async def assert_refused_and_kept(
     store: Store, before: Execution, result: TransitionResult, *, claim: Claim, report: str,
     reason: str,
 ) -> HistoryEvent:
-    """Nothing changed but one late_report appended (invariant 4)."""
+    """Nothing changed but one late_report appended (docs/states.md, guarantee 4)."""
     assert result.applied is False
     assert result.reason == reason
     after = await get(store, before.id)

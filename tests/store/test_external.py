@@ -1,4 +1,4 @@
-"""Store conformance: executions delegated to an external engine (seed 000) -- the worker's
+"""Store conformance: executions delegated to an external engine (docs/external.md) -- the worker's
 delegation before it sends the trigger, the engine's id, the engine's callbacks, the
 reconciler's reads and writes of one tick, an operator's resolution -- and the worker's
 batched journal (``execution_checkpoint_many_if_owned``). Runs unchanged against every
@@ -6,7 +6,7 @@ backend.
 
 A refused write changes nothing: neither the row nor its history, unless the rule keeps
 the refused report as a ``late_report`` (and then only that event and ``history_seq``
-move). Every state change appends its event (invariant 7).
+move). Every state change appends its event (docs/states.md, guarantee 7).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Store conformance: history is written in the same transaction as every state change
-(invariant 7), shown by walking a lifecycle and by fault injection; and the database
+(docs/states.md, guarantee 7), shown by walking a lifecycle and by fault injection; and the database
 itself refuses invalid states (the CHECK constraints). Runs against every backend."""
 
 from __future__ import annotations

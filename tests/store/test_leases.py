@@ -1,5 +1,5 @@
 """Store conformance: the claim and the fenced writes a worker makes (complete, fail,
-release) -- DESIGN invariants 2, 3 and 4. Runs unchanged against every backend."""
+release) -- docs/states.md, guarantees 2, 3 and 4. Runs unchanged against every backend."""
 
 from __future__ import annotations
 

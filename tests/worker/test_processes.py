@@ -1,4 +1,4 @@
-"""Workers as real processes, and the faults seed 002 is about (issue 3, item 6).
+"""Workers as real processes, and the faults docs/workers.md is about (issue 3, item 6).
 
 Every test starts ``veracity worker`` subprocesses against its own fresh database (both
 backends unless the fault is PostgreSQL's own) with short leases, submits executions
@@ -33,8 +33,8 @@ from tests.worker._procs import Processes, WorkerProcess, veracity_bin, wait_unt
 from tests.workflows import count_marks
 from veracity._ids import new_execution_id
 from veracity.core.states import Status
+from veracity.maintenance.recovery import RecoveryService
 from veracity.models import Execution, HistoryEvent, NewExecution
-from veracity.services.recovery import RecoveryService
 from veracity.store import Store, open_store
 
 NOOP = "test:noop/run.fn"
@@ -670,7 +670,7 @@ async def test_transient_database_error_in_a_checkpoint_does_not_fail_the_execut
     """A statement of the worker cancelled by the database (here: a statement_timeout hit
     while another transaction holds the execution's row) is infrastructure trouble, not
     the workflow's own error: the execution may be retried or recovered, but must not end
-    ``failed`` (DESIGN section 2: failed is "the workflow's own error after its retries")."""
+    ``failed`` (docs/states.md: failed is "the workflow's own error after its retries")."""
     marks = tmp_path / "marks.txt"
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
         dbname = conn.info.dbname

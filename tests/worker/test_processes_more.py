@@ -23,13 +23,13 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from tests._pg import create_database_from_template, drop_database, with_database
-from tests.engine._support import get, history
-from tests.engine._support import submit as submit_execution
+from tests.durable._support import get, history
+from tests.durable._support import submit as submit_execution
 from tests.worker._procs import Processes, WorkerProcess, wait_until
 from tests.workflows import count_marks
 from veracity.core.states import Status
+from veracity.maintenance.recovery import RecoveryService
 from veracity.models import Execution, HistoryEvent
-from veracity.services.recovery import RecoveryService
 from veracity.store import Store, open_store
 from veracity.worker.context import STEP_COMPLETED
 

@@ -25,8 +25,8 @@ from veracity._ids import new_execution_id
 from veracity.clock import ManualClock
 from veracity.config import WorkerSettings
 from veracity.core.states import Status
+from veracity.maintenance.recovery import RecoveryService
 from veracity.models import JSON, Claim, Execution, HistoryEvent, NewExecution, TransitionResult
-from veracity.services.recovery import RecoveryService
 from veracity.store import Store, open_store
 from veracity.worker.context import STEP_COMPLETED, step_name
 from veracity.worker.runner import SHUTDOWN_REASON, Completer, RateLimitedLog, Run, Worker

@@ -31,10 +31,10 @@ from veracity.api.schemas import (
     WorkerOut,
     WorkerPage,
 )
+from veracity.control import ExecutionService
 from veracity.core.states import Status
 from veracity.errors import BadRequest, InvalidInput
 from veracity.models import ExecutionFilter
-from veracity.service import ExecutionService
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorOut} for status in (400, 404, 409, 413, 422)

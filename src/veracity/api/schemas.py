@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
+from veracity.control import WorkerView
 from veracity.core.states import Status
 from veracity.models import Execution, HistoryEvent
-from veracity.service import WorkerView
 
 
 def _time_text(value: Any) -> Any:

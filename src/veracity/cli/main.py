@@ -22,11 +22,11 @@ import psycopg_pool
 from veracity.api.schemas import ExecutionOut, HistoryItem, WorkerOut
 from veracity.cli.output import fmt_time, print_fields, print_json, print_table, short
 from veracity.config import Settings, load_settings
+from veracity.control import Resolved
 from veracity.core.states import Status
 from veracity.errors import ConfigError, VeracityError
 from veracity.models import Execution, ExecutionFilter, HistoryEvent, Message
 from veracity.runtime import Runtime, open_runtime, redact_url
-from veracity.service import Resolved
 from veracity.store import open_store
 
 T = TypeVar("T")
@@ -159,7 +159,7 @@ def server(config_path: str | None, database_url: str | None, app: str | None,
                              port=port)
     setup_logging(settings.log_level)
     try:
-        from veracity.external import parse_external
+        from veracity.adapters.config import parse_external
         from veracity.runtime import load_user_app
 
         load_user_app(settings)  # fail fast, before binding the port

@@ -30,5 +30,5 @@ def validate_ffqn(ffqn: str) -> str:
 
 
 def is_cancellable(ffqn: str) -> bool:
-    """Seed 001: only workflows whose name ends in ``-cancellable`` may be cancelled."""
+    """Only workflows whose name ends in ``-cancellable`` may be cancelled."""
     return ffqn.endswith(CANCELLABLE_SUFFIX)

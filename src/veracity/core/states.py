@@ -12,7 +12,7 @@ from enum import StrEnum
 
 
 class Status(StrEnum):
-    """The state of an execution (DESIGN section 2)."""
+    """The state of an execution (docs/states.md)."""
 
     PENDING = "pending"
     """Waiting to be claimed; claimable once ``scheduled_at <= now``."""

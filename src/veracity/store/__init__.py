@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from veracity.clock import Clock, DatabaseClock
 from veracity.errors import ConfigError
+from veracity.store._common import RunnerLock
+from veracity.store._ops import token_hash
 from veracity.store.protocol import Store
 
-__all__ = ["Store", "open_store"]
+__all__ = ["RunnerLock", "Store", "open_store", "token_hash"]
 
 
 async def open_store(url: str, *, clock: Clock | None = None, pool_size: int = 10) -> Store:

@@ -27,7 +27,7 @@ def late_report_event(
     report: str, claim: Claim, payload: JSON, current: Execution | None,
     reason: str | None = None,
 ) -> dict[str, JSON]:
-    """What a refused fenced write leaves in history (DESIGN invariant 4); ``reason``
+    """What a refused fenced write leaves in history (docs/states.md, guarantee 4); ``reason``
     when the caller knows better than the row's state why it was refused."""
     if reason is None:
         if current is None:

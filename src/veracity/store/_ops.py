@@ -517,7 +517,7 @@ def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) ->
     return ControlResult(updated, changed=True)
 
 
-# -- external engines (seed 000) ------------------------------------------------------------
+# -- external engines (docs/external.md) -----------------------------------------------------
 
 
 def token_hash(token: str) -> str:

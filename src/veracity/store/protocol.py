@@ -221,7 +221,7 @@ class Store(Protocol):
     def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
         """Yield the id of each running execution asked to stop (PostgreSQL NOTIFY)."""
 
-    # -- external engines (seed 000) ----------------------------------------------------
+    # -- external engines (docs/external.md) ----------------------------------------------------
 
     async def execution_delegate_if_owned(
         self, claim: Claim, engine: str, callback_token_hash: str

@@ -6,10 +6,11 @@ import asyncio
 import logging
 import signal
 
-from veracity._app import App
+from veracity.adapters import build_engines, close_engines
+from veracity.adapters.config import parse_external
+from veracity.app import App
 from veracity.config import Settings
 from veracity.errors import ConfigError
-from veracity.external import build_engines, close_engines, parse_external
 from veracity.runtime import deployment_id_for, load_user_app, redact_url
 from veracity.store import Store, open_store
 from veracity.worker.runner import RateLimitedLog, Worker

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from veracity._app import App, WorkflowDef
+from veracity.adapters.base import Engine
+from veracity.adapters.config import ExternalConfig
+from veracity.app import App, WorkflowDef
 from veracity.config import WorkerSettings
-from veracity.engines.base import Engine
-from veracity.external import ExternalConfig, trigger
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
 from veracity.store.protocol import Store
 from veracity.worker.context import (
@@ -41,6 +41,7 @@ from veracity.worker.context import (
     NotJSONError,
     to_json_value,
 )
+from veracity.worker.trigger import trigger
 
 log = logging.getLogger("veracity.worker")
 EXTRA = {"domain": "worker"}

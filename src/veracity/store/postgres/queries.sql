@@ -509,7 +509,7 @@ WITH input AS (
 SELECT id FROM own
 
 -- ---------------------------------------------------------------------------------------
--- External engines (seed 000)
+-- External engines (docs/external.md)
 
 -- name: execution_delegate
 UPDATE veracity_executions SET

@@ -47,7 +47,7 @@ from veracity.store._common import (
     owned_sources,
     require_aware,
 )
-from veracity.store._engine_methods import EngineMethods
+from veracity.store._shared import SharedMethods
 from veracity.store._sql import load_migrations, load_queries
 
 Q = load_queries("veracity.store.postgres")
@@ -119,7 +119,7 @@ def _q(name: str) -> str:
     return Q[name]
 
 
-class PostgresStore(EngineMethods):
+class PostgresStore(SharedMethods):
     backend = "postgresql"
     supports_notifications = True
 

@@ -366,7 +366,7 @@ WHERE id = :id AND status = 'paused'
 RETURNING *
 
 -- ---------------------------------------------------------------------------------------
--- External engines (seed 000)
+-- External engines (docs/external.md)
 
 -- name: execution_delegate
 UPDATE veracity_executions SET

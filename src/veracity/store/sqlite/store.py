@@ -51,7 +51,7 @@ from veracity.store._common import (
     owned_sources,
     require_aware,
 )
-from veracity.store._engine_methods import EngineMethods
+from veracity.store._shared import SharedMethods
 from veracity.store._sql import load_migrations, load_queries
 
 Q = load_queries("veracity.store.sqlite")
@@ -155,7 +155,7 @@ def path_from_url(url: str) -> Path:
     return Path(url[len(prefix) :])
 
 
-class SqliteStore(EngineMethods):
+class SqliteStore(SharedMethods):
     backend = "sqlite"
     supports_notifications = False
 

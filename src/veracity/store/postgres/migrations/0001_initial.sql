@@ -23,7 +23,7 @@ CREATE TABLE veracity_executions (
     lease_epoch      bigint NOT NULL DEFAULT 0,
     lease_expires_at timestamptz,
     history_seq      integer NOT NULL DEFAULT 0,
-    -- invariant 3: completed is recorded only together with its result
+    -- docs/states.md, guarantee 3: completed is recorded only together with its result
     CONSTRAINT completed_has_result CHECK (status <> 'completed' OR result IS NOT NULL),
     -- a lease exists only while running
     CONSTRAINT lease_only_when_running CHECK (status = 'running' OR lease_owner IS NULL)

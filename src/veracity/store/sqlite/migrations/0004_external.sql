@@ -1,4 +1,4 @@
--- 0004: executions delegated to an external engine (seed 000), and operator flags.
+-- 0004: executions delegated to an external engine (docs/external.md), and operator flags.
 
 ALTER TABLE veracity_executions ADD COLUMN engine TEXT
     CHECK (engine IS NULL OR length(engine) BETWEEN 1 AND 100);

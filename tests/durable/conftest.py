@@ -10,9 +10,9 @@ import pytest
 from fastapi import FastAPI
 
 from tests import workflows
-from tests.engine._support import DEPLOYMENT, MAX_PAYLOAD, make_worker
+from tests.durable._support import DEPLOYMENT, MAX_PAYLOAD, make_worker
 from veracity.api import create_api
-from veracity.service import ExecutionService
+from veracity.control import ExecutionService
 from veracity.store import Store, open_store
 from veracity.worker.runner import Worker
 

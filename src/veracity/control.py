@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from veracity._ids import new_execution_id, parse_execution_id
+from veracity.adapters.looks import Look, Looker
 from veracity.core.ffqn import CANCELLABLE_SUFFIX, InvalidFfqn, is_cancellable, validate_ffqn
 from veracity.core.reconcile import FlagKind
 from veracity.core.states import Status
@@ -39,7 +40,6 @@ from veracity.models import (
     NewExecution,
     WorkerRecord,
 )
-from veracity.services.looks import Look, Looker
 from veracity.store.protocol import Store
 
 MAX_LIST_LIMIT = 1000
@@ -328,7 +328,8 @@ class ExecutionService:
 
     async def cancel(self, execution_id: str | uuid.UUID, *, actor: str | None = None
                      ) -> tuple[Execution, bool]:
-        """Cancel (seed 001): only -cancellable workflows; terminal or repeated: no change."""
+        """Cancel (docs/workflows.md): only -cancellable workflows; terminal or repeated: no
+        change."""
         execution = await self.get(execution_id)
         if execution.status.is_terminal:
             return execution, False

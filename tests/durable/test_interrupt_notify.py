@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests import workflows
-from tests.engine._procs import Processes, WorkerProcess, registered, wait_until
-from tests.engine._support import DEPLOYMENT, events, get, history, kinds, submit
+from tests.durable._procs import Processes, WorkerProcess, registered, wait_until
+from tests.durable._support import DEPLOYMENT, events, get, history, kinds, submit
+from veracity.control import ExecutionService
 from veracity.core.states import Status
 from veracity.models import Execution
-from veracity.service import ExecutionService
 from veracity.store import Store, open_store
 from veracity.worker.context import STEP_COMPLETED
 

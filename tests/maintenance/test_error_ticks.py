@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 
 from tests._needs import missing
 from tests._pg import ClusterError, TempCluster, find_pg_bin_dir
-from veracity.services._loop import Service
-from veracity.services.reconciler import ReconcilerMetrics, ReconcilerService
-from veracity.services.recovery import RecoveryMetrics, RecoveryService
+from veracity.maintenance._loop import Service
+from veracity.maintenance.reconciler import ReconcilerMetrics, ReconcilerService
+from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
 from veracity.store import open_store
 
 

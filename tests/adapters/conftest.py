@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.engines.test_n8n import API_KEY, EMAIL, PASSWORD, V2
+from tests.adapters.test_n8n import API_KEY, EMAIL, PASSWORD, V2
 from veracity.testing.fake_n8n import FakeN8n, Script, running
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests import workflows
-from tests.engine._support import (
+from tests.durable._support import (
     get,
     history,
     kinds,
@@ -148,7 +148,7 @@ async def schedule_then_sleep(ctx: Context, value: Any, explicit: str | None) ->
 
 @app.workflow("eng:schedule-sync/run.fn")
 async def schedule_without_await(ctx: Context, value: Any, then: str) -> list[str]:
-    """``ctx.schedule`` as seed 001 writes it (``obelisk.schedule``, no await): the schedules
+    """``ctx.schedule`` as docs/workflows.md describes it (no await): the schedules
     are written with the next durable write (a step), or at the end of the run."""
     first = ctx.schedule("test:echo/run.fn", value)
     second = ctx.schedule("test:echo/run.fn", f"{value}-2")

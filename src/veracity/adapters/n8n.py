@@ -73,16 +73,15 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 import httpx
 
-from veracity.core.reconcile import N8N_TERMINAL_STATUSES, EngineState, classify_n8n
-from veracity.engines.base import (
+from veracity.adapters.base import (
     CallbackInfo,
-    EngineConfig,
     EngineErrorKind,
     Inspection,
     StartResult,
-    StopMode,
     StopResult,
 )
+from veracity.adapters.config import EngineConfig, StopMode
+from veracity.core.reconcile import N8N_TERMINAL_STATUSES, EngineState, classify_n8n
 
 __all__ = ["N8nEngine", "webhook_url"]
 

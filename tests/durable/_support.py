@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from veracity._app import App
+from veracity.app import App
 from veracity.config import WorkerSettings
 from veracity.core.states import Status
 from veracity.models import JSON, Execution, HistoryEvent, NewExecution

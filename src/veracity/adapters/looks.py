@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from veracity.adapters.base import Engine, Inspection
 from veracity.core.reconcile import (
     DEFAULT_STOP_FLAG_AFTER,
     Action,
@@ -31,7 +32,6 @@ from veracity.core.reconcile import (
     decide,
     limit_breached,
 )
-from veracity.engines.base import Engine, Inspection
 from veracity.models import Execution, ReconcileAction
 
 log = logging.getLogger("veracity.reconciler")

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine._procs import (
+from tests.durable._procs import (
     ENGINE_ENV,
     PARENTS_APP,
     Processes,

@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from veracity.adapters import EngineErrorKind, Inspection, N8nEngine, StartOutcome
 from veracity.core.reconcile import EngineState
-from veracity.engines import EngineErrorKind, Inspection, N8nEngine, StartOutcome
 from veracity.testing.fake_n8n import FakeN8n, Script, Wait, serve_asgi_in_thread
 
 from .test_n8n import CALLBACK, config, free_port

@@ -4,7 +4,7 @@ The process machinery is ``tests.worker._procs`` (imported, not copied); this mo
 what the crash tests need on top of it:
 
 - ``parents_app``: an App with only the *parent* workflows of ``tests.workflows``. A
-  ``veracity worker`` started with ``VERACITY_APP=tests.engine._procs:parents_app`` claims
+  ``veracity worker`` started with ``VERACITY_APP=tests.durable._procs:parents_app`` claims
   parents but never their children, so a parent reliably ends up blocked on its join set
   with its children still pending (the claim filters by workflow name only).
 - ``hold_after_child`` / ``hold_writes``: a fault injected in the database (a trigger) that
@@ -31,7 +31,7 @@ import psycopg
 from tests import workflows as wf
 from tests.worker._procs import Processes, WorkerProcess, wait_until
 from veracity import App
-from veracity.services.recovery import RecoveryService
+from veracity.maintenance.recovery import RecoveryService
 from veracity.store import Store
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
 
 # tests.worker._procs.FAST_ENV has TTL 1.5 s and heartbeat 0.3 s; poll faster here
 ENGINE_ENV: dict[str, str] = {"VERACITY_POLL_INTERVAL": "0.1"}
-PARENTS_APP = "tests.engine._procs:parents_app"
+PARENTS_APP = "tests.durable._procs:parents_app"
 
 parents_app = App("tests-parents-only")
 """The workflows of ``tests.workflows`` that create children, and nothing else."""

@@ -4,7 +4,7 @@ It exists to uphold one rule: never mark an execution terminal while its engine 
 be running it. Each tick, under a single-runner lock (PostgreSQL: a session advisory lock
 on a connection of its own, skip the tick if busy, released in ``finally``, the connection
 closed if unlocking fails; SQLite: a file lock), it reads every running execution
-delegated to an engine and takes a look at each (:mod:`veracity.services.looks`: the
+delegated to an engine and takes a look at each (:mod:`veracity.adapters.looks`: the
 engine asked by id, concurrently, bounded, each call with a timeout, no database
 transaction open meanwhile; the decision is :func:`veracity.core.reconcile.decide`'s),
 then writes the page's outcomes in one transaction. It only ever produces
@@ -24,11 +24,11 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from veracity.adapters.base import Engine
+from veracity.adapters.looks import Look, Looker
 from veracity.core.reconcile import DEFAULT_STOP_FLAG_AFTER, WriteKind
-from veracity.engines.base import Engine
 from veracity.models import Execution, ReconcileAction
-from veracity.services.looks import Look, Looker
-from veracity.store._common import RunnerLock
+from veracity.store import RunnerLock
 from veracity.store.protocol import Store
 
 log = logging.getLogger("veracity.reconciler")

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.engine._support import (
+from tests.durable._support import (
     MAX_PAYLOAD,
     error_of,
     get,

@@ -1,5 +1,6 @@
 """Cancel, pause and unpause through the HTTP API (in-process) with a worker running, on
-both backends: seed 001's cancellation rules (only -cancellable, at once when not running,
+both backends: the cancellation rules of docs/workflows.md (only -cancellable, at once when
+not running,
 at the next await when running, idempotent, recursive with non-cancellable children left to
 finish, racing completion), and pause/unpause in every non-terminal state."""
 
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 from tests import workflows
-from tests.engine._support import (
+from tests.durable._support import (
     SETTINGS,
     error_of,
     events,

@@ -18,11 +18,11 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.services.conftest import StoreFactory
+from tests.maintenance.conftest import StoreFactory
 from veracity.clock import ManualClock
 from veracity.core.states import Status
+from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
 from veracity.models import Claim, Execution, NewExecution
-from veracity.services.recovery import RecoveryMetrics, RecoveryService
 from veracity.store import Store, open_store
 
 TTL = timedelta(seconds=30)

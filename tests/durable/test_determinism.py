@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests import workflows
-from tests.engine._support import (
+from tests.durable._support import (
     history,
     kinds,
     make_worker,

@@ -19,9 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from veracity.clock import ManualClock
-from veracity.core.reconcile import EngineState
-from veracity.engines import (
+from veracity.adapters import (
     CallbackInfo,
     Engine,
     EngineConfig,
@@ -33,7 +31,9 @@ from veracity.engines import (
     parse_engine_config,
     parse_engines,
 )
-from veracity.engines.n8n import webhook_url
+from veracity.adapters.n8n import webhook_url
+from veracity.clock import ManualClock
+from veracity.core.reconcile import EngineState
 from veracity.errors import ConfigError
 from veracity.testing.fake_n8n import (
     WAIT_INDEFINITELY,

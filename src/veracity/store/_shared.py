@@ -26,7 +26,7 @@ from veracity.store import _ops
 from veracity.store._common import recover_sources, require_aware
 
 
-class EngineMethods:
+class SharedMethods:
     """Methods both backends share: the durable-engine operations (driven by ``_op``) and
     the worker's fenced exits from running (each backend's ``_leave_if_owned``)."""
 
