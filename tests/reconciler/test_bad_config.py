@@ -179,7 +179,7 @@ async def test_the_good_configuration_starts_a_worker(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 20)
-        assert b"Veracity worker" in line and b"running 2 workflows" in line, line
+        assert b"Veracity worker" in line and b"running 3 workflows" in line, line
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 20)
