@@ -20,6 +20,7 @@ from veracity._ids import new_execution_id, parse_execution_id
 from veracity.adapters.looks import Look, Looker
 from veracity.core.ffqn import CANCELLABLE_SUFFIX, InvalidFfqn, is_cancellable, validate_ffqn
 from veracity.core.reconcile import FlagKind
+from veracity.core.requests import CallbackOutcome, CallbackReport, ResolveAction
 from veracity.core.states import Status
 from veracity.errors import (
     BadRequest,
@@ -40,7 +41,7 @@ from veracity.models import (
     NewExecution,
     WorkerRecord,
 )
-from veracity.store.protocol import Store
+from veracity.store.protocol import ControlStore
 
 MAX_LIST_LIMIT = 1000
 MAX_HISTORY_LIMIT = 10_000
@@ -175,7 +176,7 @@ def check_depth(what: str, value: JSON) -> None:
 class ExecutionService:
     def __init__(
         self,
-        store: Store,
+        store: ControlStore,
         *,
         workflows: Collection[str],
         deployment_id: str,
@@ -383,27 +384,29 @@ class ExecutionService:
 
     # -- external engines ----------------------------------------------------------------
 
-    async def callback(self, execution_id: str | uuid.UUID, token: str | None, report: str,
-                       payload: JSON, *, transient: bool = False) -> tuple[Execution, bool]:
+    async def callback(self, execution_id: str | uuid.UUID, token: str | None,
+                       report: CallbackReport, payload: JSON, *, transient: bool = False
+                       ) -> tuple[Execution, bool]:
         """An engine's /complete or /fail. Returns the execution and whether it changed."""
         ident = await self._ident(execution_id)
         if not token:
             raise Unauthorized("a callback needs its execution's token: "
                                "Authorization: Bearer <token>", code="unauthorized")
-        self._check_payload("result" if report == "complete" else "error", payload)
+        self._check_payload("result" if report is CallbackReport.COMPLETE else "error",
+                            payload)
         outcome = await self.store.execution_callback(ident, token, report, payload,
                                                       transient=transient)
-        if outcome.outcome == "not_found":
+        if outcome.outcome is CallbackOutcome.NOT_FOUND:
             raise NotFound(f"execution {ident} does not exist")
-        if outcome.outcome == "unauthorized":
+        if outcome.outcome is CallbackOutcome.UNAUTHORIZED:
             raise Unauthorized("the callback token is not this execution's",
                                code="unauthorized")
         assert outcome.execution is not None
-        if outcome.outcome == "conflict":
+        if outcome.outcome is CallbackOutcome.CONFLICT:
             raise Conflict(
                 f"execution is already {outcome.execution.status}; the report is kept in "
                 "its history", code="already_ended", state=str(outcome.execution.status))
-        return outcome.execution, outcome.outcome == "applied"
+        return outcome.execution, outcome.outcome is CallbackOutcome.APPLIED
 
     async def resolve(self, execution_id: str | uuid.UUID, *, action: str,
                       external_id: str | None, reason: str, actor: str, force: bool = False
@@ -432,13 +435,14 @@ class ExecutionService:
                                code="invalid_force")
         if not reason.strip():
             raise InvalidInput("a resolution needs a written reason", code="invalid_reason")
+        act = ResolveAction(action)
         current = await self.get(ident)
         if force and current.engine is None:
             raise InvalidInput(f"force applies only to an execution delegated to an engine; "
                                f"{ident} is not", code="invalid_force")
         if action == "attach":
             result = await self.store.execution_resolve(
-                ident, action=action, external_id=external_id, reason=reason, actor=actor)
+                ident, action=act, external_id=external_id, reason=reason, actor=actor)
             return self._resolved(action, Resolved(self._found(ident, result), result.changed,
                                                    "attached", "external id attached"))
         if current.status == Status.RUNNING and current.engine is not None \
@@ -446,13 +450,13 @@ class ExecutionService:
             why = ("it has no external id: the engine could not be asked whether the run "
                    "exists, nor stopped")
             result = await self.store.execution_resolve(
-                ident, action=action, external_id=None, reason=reason, actor=actor,
+                ident, action=act, external_id=None, reason=reason, actor=actor,
                 expected_external_id=None, unconfirmed=why)
             return self._resolved(action, Resolved(
                 self._found(ident, result), result.changed, "unconfirmed",
                 f"ended without the engine's confirmation: {why}"))
         result = await self.store.execution_resolve(
-            ident, action=action, external_id=None, reason=reason, actor=actor,
+            ident, action=act, external_id=None, reason=reason, actor=actor,
             expected_external_id=current.external_execution_id)
         requested = self._found(ident, result)
         look = await self._look_and_apply(requested, by=actor)
@@ -465,7 +469,7 @@ class ExecutionService:
         why = look.why_unknown or "the engine has not confirmed the run finished"
         if force:
             result = await self.store.execution_resolve(
-                ident, action=action, external_id=None, reason=reason, actor=actor,
+                ident, action=act, external_id=None, reason=reason, actor=actor,
                 expected_external_id=current.external_execution_id, unconfirmed=why)
             return self._resolved(action, Resolved(
                 self._found(ident, result), True, "forced",

@@ -9,6 +9,7 @@ from typing import Any
 
 from veracity.core.reconcile import FlagKind, WriteKind
 from veracity.core.recovery import RecoveryAction
+from veracity.core.requests import CallbackOutcome, InterruptKind
 from veracity.core.states import Status
 
 JSON = Any  # a value that json.dumps accepts
@@ -208,7 +209,7 @@ class Interrupt:
     """A running execution whose owner must stop it: ``kind`` is cancel or pause."""
 
     claim: Claim
-    kind: str
+    kind: InterruptKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +229,7 @@ class CallbackResult:
     report again: nothing changes), conflict (the execution ended otherwise: kept as a late
     report), unauthorized (wrong token: nothing changes) or not_found."""
 
-    outcome: str
+    outcome: CallbackOutcome
     execution: Execution | None
 
 

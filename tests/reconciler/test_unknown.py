@@ -24,6 +24,7 @@ from tests.reconciler._support import (
 from veracity.adapters.base import CallbackInfo, Engine, Inspection, StartResult, StopResult
 from veracity.adapters.config import parse_engine_config
 from veracity.adapters.n8n import N8nEngine
+from veracity.core.requests import ResolveAction
 from veracity.core.states import Status
 from veracity.maintenance._loop import run_forever
 from veracity.maintenance.reconciler import ReconcilerService
@@ -136,8 +137,8 @@ async def test_404_for_the_id_left_running_and_flagged(rig: Rig, ffqn: str) -> N
 async def test_400_for_an_id_the_engine_rejects_is_flagged(rig: Rig) -> None:
     # an operator attached an id n8n can never accept (not a number)
     eid = await rig.delegate_only(SLOW)
-    resolved = await rig.store.execution_resolve(eid, action="attach", external_id="abc-1",
-                                                 reason="typo", actor="alice")
+    resolved = await rig.store.execution_resolve(
+        eid, action=ResolveAction.ATTACH, external_id="abc-1", reason="typo", actor="alice")
     assert resolved.changed
     result = await rig.tick()
     assert [a.kind for a in result.actions] == ["flag"]

@@ -29,6 +29,7 @@ from tests.store._support import (
     submit_unique,
 )
 from veracity.clock import ManualClock
+from veracity.core.requests import InterruptKind
 from veracity.core.states import Status
 from veracity.models import Claim, Execution, NewExecution
 from veracity.store import Store
@@ -323,7 +324,7 @@ async def test_a_running_leaf_keeps_running_and_its_parents_wait_for_it(
 
     ended_at = clock.advance(1)
     if leaf_end == "stop":
-        assert (await store.execution_stop_if_owned(leaf_claim, "cancel")).applied
+        assert (await store.execution_stop_if_owned(leaf_claim, InterruptKind.CANCEL)).applied
         leaf_status = Status.CANCELLED
     elif leaf_end == "complete":
         assert (await store.execution_complete_if_owned(leaf_claim, "won")).applied
@@ -469,7 +470,7 @@ async def test_the_owner_ending_a_cancelled_execution_is_refused_and_kept(
     claim = await claim_exactly(store, ex.id)
     if how == "stopped":
         assert (await store.execution_cancel(ex.id)).changed
-        assert (await store.execution_stop_if_owned(claim, "cancel")).applied
+        assert (await store.execution_stop_if_owned(claim, InterruptKind.CANCEL)).applied
     else:
         await block(store, claim)
         assert (await store.execution_cancel(ex.id)).changed
@@ -575,7 +576,7 @@ async def test_a_child_spawned_after_the_cancel_request_is_cancelled_too(
     assert (await store.execution_cancel(root.id, actor="op")).changed
     kid = new_child(root.id, cancellable=True)
     assert (await store.execution_spawn_if_owned(claim, [kid], [("child_submitted", {})])).applied
-    assert (await store.execution_stop_if_owned(claim, "cancel")).applied
+    assert (await store.execution_stop_if_owned(claim, InterruptKind.CANCEL)).applied
     k = await get(store, kid.id)
     r = await get(store, root.id)
     assert (k.status, r.status) == (Status.CANCELLED, Status.CANCELLED)
@@ -792,7 +793,7 @@ async def test_stop_pause_then_unpause_resumes_a_paused_running_execution(
 ) -> None:
     claim = await _running(store)
     assert (await store.execution_pause(claim.execution_id)).changed
-    assert (await store.execution_stop_if_owned(claim, "pause")).applied
+    assert (await store.execution_stop_if_owned(claim, InterruptKind.PAUSE)).applied
     again = await store.execution_pause(claim.execution_id)
     assert again.changed is False
     assert (await store.execution_unpause(claim.execution_id)).changed

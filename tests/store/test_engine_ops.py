@@ -14,7 +14,7 @@ import itertools
 import uuid
 from collections.abc import Awaitable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -30,6 +30,7 @@ from tests.store._support import (
     submit_unique,
 )
 from veracity.clock import ManualClock
+from veracity.core.requests import InterruptKind
 from veracity.core.states import Status
 from veracity.models import Claim, Execution, HistoryEvent, Interrupt, TransitionResult
 from veracity.store import Store
@@ -763,7 +764,7 @@ async def test_stop_pause_parks_a_running_execution(store: Store, clock: ManualC
     claim = await running(store)
     assert (await store.execution_pause(claim.execution_id, actor="op")).changed
     at = clock.advance(2)
-    tr = await store.execution_stop_if_owned(claim, "pause")
+    tr = await store.execution_stop_if_owned(claim, InterruptKind.PAUSE)
     assert tr.applied and tr.execution is not None
     ex = await get(store, claim.execution_id)
     assert tr.execution == ex
@@ -785,7 +786,7 @@ async def test_stop_cancel_records_cancelled(store: Store, clock: ManualClock) -
     claim = await claim_exactly(store, ex.id)
     assert (await store.execution_cancel(ex.id, actor="op")).changed
     at = clock.advance(1)
-    tr = await store.execution_stop_if_owned(claim, "cancel")
+    tr = await store.execution_stop_if_owned(claim, InterruptKind.CANCEL)
     assert tr.applied and tr.execution is not None
     got = await get(store, ex.id)
     assert tr.execution == got
@@ -813,7 +814,7 @@ async def test_stop_cancel_waits_for_children_that_cannot_be_cancelled(
     assert (await get(store, soft.id)).status == Status.CANCELLED
     assert (await get(store, stubborn.id)).cancel_requested_at is None
 
-    tr = await store.execution_stop_if_owned(claim, "cancel")
+    tr = await store.execution_stop_if_owned(claim, InterruptKind.CANCEL)
     assert tr.execution is not None and tr.execution.status == Status.BLOCKED
     ex = await get(store, root.id)
     assert ex.status == Status.BLOCKED and ex.lease_owner is None and ex.wake_at is None
@@ -838,7 +839,7 @@ async def test_stop_without_the_lease_is_refused_and_kept(
     claim = await running(store, cancellable=True)
     stale, reason = await lose_lease(store, clock, claim, how)
     before = await get(store, claim.execution_id)
-    tr = await store.execution_stop_if_owned(stale, kind)
+    tr = await store.execution_stop_if_owned(stale, InterruptKind(kind))
     late = await assert_refused_and_kept(store, before, tr, claim=stale, report=kind,
                                          reason=reason)
     assert late.data["payload"] == {"interrupt": kind}
@@ -847,7 +848,7 @@ async def test_stop_without_the_lease_is_refused_and_kept(
 async def test_stop_with_an_unknown_interrupt_is_rejected(store: Store) -> None:
     claim = await running(store)
     with pytest.raises(ValueError):
-        await store.execution_stop_if_owned(claim, "explode")
+        await store.execution_stop_if_owned(claim, cast(Any, "explode"))
     assert (await get(store, claim.execution_id)).status == Status.RUNNING
 
 
@@ -865,7 +866,7 @@ async def test_a_refused_engine_write_answers_the_current_row(
     elif op == "spawn":
         tr = await store.execution_spawn_if_owned(stale, [new_child(claim.execution_id)], [])
     else:
-        tr = await store.execution_stop_if_owned(stale, op.removeprefix("stop_"))
+        tr = await store.execution_stop_if_owned(stale, InterruptKind(op.removeprefix("stop_")))
     assert tr.applied is False
     assert tr.execution == await get(store, claim.execution_id)
 
@@ -904,13 +905,13 @@ async def test_interrupts_list_the_owners_running_executions_asked_to_stop(
     assert await store.execution_interrupts("worker-nobody") == []
 
     # acted on: no longer listed
-    assert (await store.execution_stop_if_owned(to_pause, "pause")).applied
-    assert (await store.execution_stop_if_owned(to_cancel, "cancel")).applied
+    assert (await store.execution_stop_if_owned(to_pause, InterruptKind.PAUSE)).applied
+    assert (await store.execution_stop_if_owned(to_cancel, InterruptKind.CANCEL)).applied
     assert await store.execution_interrupts("worker-a") == [_interrupt(both, "cancel")]
 
 
 def _interrupt(claim: Claim, kind: str) -> Interrupt:
-    return Interrupt(claim, kind)
+    return Interrupt(claim, InterruptKind(kind))
 
 
 # -- store operations race each other --------------------------------------------------------

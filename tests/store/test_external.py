@@ -33,6 +33,7 @@ from tests.store._support import (
 )
 from veracity.clock import ManualClock
 from veracity.core.reconcile import FlagKind, WriteKind
+from veracity.core.requests import CallbackOutcome, CallbackReport, ResolveAction
 from veracity.core.states import Status
 from veracity.models import (
     CallbackResult,
@@ -49,6 +50,7 @@ from veracity.store._common import REPEATED_IN_BATCH
 from veracity.store._ops import token_hash
 
 TTL = ENGINE_TTL
+COMPLETE, FAIL = CallbackReport.COMPLETE, CallbackReport.FAIL
 ENGINE = "n8n"
 TOKEN = "callback-token-of-the-run"
 OWNER = "worker-a"
@@ -78,7 +80,7 @@ async def operator_ends(store: Store, eid: uuid.UUID, action: str = "cancel",
     """An operator ends a delegated run without the engine's confirmation (forced)."""
     current = await get(store, eid)
     return await store.execution_resolve(
-        eid, action=action, external_id=None, reason=reason, actor=actor,
+        eid, action=ResolveAction(action), external_id=None, reason=reason, actor=actor,
         expected_external_id=current.external_execution_id, unconfirmed="forced in a test")
 
 
@@ -305,14 +307,14 @@ async def test_a_callback_records_the_operator_request_it_overtook(
 ) -> None:
     eid = await attached(store, "run-1")
     requested = await store.execution_resolve(
-        eid, action="cancel", external_id=None, reason="withdrawn", actor="ops",
+        eid, action=ResolveAction.CANCEL, external_id=None, reason="withdrawn", actor="ops",
         expected_external_id="run-1")
     assert requested.changed and requested.execution is not None
     asked_at = requested.execution.end_requested_at
     assert asked_at is not None
     clock.advance(1)
 
-    res = await store.execution_callback(eid, TOKEN, "complete", {"ok": True})
+    res = await store.execution_callback(eid, TOKEN, COMPLETE, {"ok": True})
 
     assert res.outcome == "applied" and res.execution is not None
     ex = await get(store, eid)
@@ -409,7 +411,7 @@ async def in_state(store: Store, how: str) -> uuid.UUID:
         return eid
     if how == "ended_by_callback":
         eid = await attached(store, "run-1")
-        assert (await store.execution_callback(eid, TOKEN, "complete", 1)).outcome == "applied"
+        assert (await store.execution_callback(eid, TOKEN, COMPLETE, 1)).outcome == "applied"
         return eid
     if how == "ended_with_id":
         eid = await attached(store, "run-1")
@@ -570,10 +572,10 @@ async def test_callback_complete_with_the_right_token(
     at = clock.advance(3)
     payload = {"order": 42, "items": ["ü", None]}
 
-    res = await store.execution_callback(eid, TOKEN, "complete", payload)
+    res = await store.execution_callback(eid, TOKEN, COMPLETE, payload)
 
     ex = await get(store, eid)
-    assert res == CallbackResult("applied", ex)
+    assert res == CallbackResult(CallbackOutcome.APPLIED, ex)
     assert (ex.status, ex.result, ex.error, ex.updated_at) == (
         Status.COMPLETED, payload, None, at)
     events = await assert_history_consistent(store, eid)
@@ -584,8 +586,8 @@ async def test_callback_complete_with_the_right_token(
     # the same report again: repeat, nothing changes
     before = await snapshot(store, eid)
     clock.advance(1)
-    assert await store.execution_callback(eid, TOKEN, "complete", payload) == CallbackResult(
-        "repeat", ex)
+    assert await store.execution_callback(eid, TOKEN, COMPLETE, payload) == CallbackResult(
+        CallbackOutcome.REPEAT, ex)
     await assert_unchanged(store, eid, before)
 
 
@@ -598,10 +600,10 @@ async def test_callback_fail(
     at = clock.advance(3)
     error = {"message": "node 3 threw", "node": 3}
 
-    res = await store.execution_callback(eid, TOKEN, "fail", error, transient=transient)
+    res = await store.execution_callback(eid, TOKEN, FAIL, error, transient=transient)
 
     ex = await get(store, eid)
-    assert res == CallbackResult("applied", ex)
+    assert res == CallbackResult(CallbackOutcome.APPLIED, ex)
     assert (ex.status, ex.result, ex.error, ex.updated_at) == (to, None, error, at)
     events = await assert_history_consistent(store, eid)
     assert (events[-1].kind, events[-1].data) == (str(to), {
@@ -609,8 +611,8 @@ async def test_callback_fail(
 
     # the same failure again: repeat, nothing changes
     before = await snapshot(store, eid)
-    again = await store.execution_callback(eid, TOKEN, "fail", error, transient=transient)
-    assert again == CallbackResult("repeat", ex)
+    again = await store.execution_callback(eid, TOKEN, FAIL, error, transient=transient)
+    assert again == CallbackResult(CallbackOutcome.REPEAT, ex)
     await assert_unchanged(store, eid, before)
 
 
@@ -620,8 +622,8 @@ async def test_callback_with_a_wrong_token_is_unauthorized(store: Store, token: 
     eid = await attached(store, "run-1")
     before = await snapshot(store, eid)
     for report in ("complete", "fail"):
-        res = await store.execution_callback(eid, token, report, {"x": 1})
-        assert res == CallbackResult("unauthorized", None)
+        res = await store.execution_callback(eid, token, CallbackReport(report), {"x": 1})
+        assert res == CallbackResult(CallbackOutcome.UNAUTHORIZED, None)
     await assert_unchanged(store, eid, before)
 
 
@@ -629,10 +631,10 @@ async def test_callback_tokens_belong_to_one_execution(store: Store) -> None:
     mine = await attached(store, "run-1", token="token-one")
     other = await attached(store, "run-2", token="token-two")
     before = await snapshot(store, other)
-    res = await store.execution_callback(other, "token-one", "complete", 1)
-    assert res == CallbackResult("unauthorized", None)
+    res = await store.execution_callback(other, "token-one", COMPLETE, 1)
+    assert res == CallbackResult(CallbackOutcome.UNAUTHORIZED, None)
     await assert_unchanged(store, other, before)
-    assert (await store.execution_callback(mine, "token-one", "complete", 1)).outcome == "applied"
+    assert (await store.execution_callback(mine, "token-one", COMPLETE, 1)).outcome == "applied"
 
 
 async def test_callback_on_an_execution_never_delegated_is_unauthorized(store: Store) -> None:
@@ -640,24 +642,24 @@ async def test_callback_on_an_execution_never_delegated_is_unauthorized(store: S
     eid = (await running(store)).execution_id
     before = await snapshot(store, eid)
     for token in ("", TOKEN, token_hash("")):
-        res = await store.execution_callback(eid, token, "complete", 1)
-        assert res == CallbackResult("unauthorized", None)
+        res = await store.execution_callback(eid, token, COMPLETE, 1)
+        assert res == CallbackResult(CallbackOutcome.UNAUTHORIZED, None)
     await assert_unchanged(store, eid, before)
 
 
 async def test_callback_wrong_token_on_an_ended_execution_is_unauthorized(store: Store) -> None:
     eid = await attached(store, "run-1")
-    assert (await store.execution_callback(eid, TOKEN, "complete", 1)).outcome == "applied"
+    assert (await store.execution_callback(eid, TOKEN, COMPLETE, 1)).outcome == "applied"
     before = await snapshot(store, eid)
-    assert await store.execution_callback(eid, "wrong", "fail", 2) == CallbackResult(
-        "unauthorized", None)
+    assert await store.execution_callback(eid, "wrong", FAIL, 2) == CallbackResult(
+        CallbackOutcome.UNAUTHORIZED, None)
     await assert_unchanged(store, eid, before)
 
 
 async def test_callback_for_an_unknown_execution(store: Store) -> None:
     unknown = uuid.uuid4()
-    assert await store.execution_callback(unknown, TOKEN, "complete", 1) == CallbackResult(
-        "not_found", None)
+    assert await store.execution_callback(unknown, TOKEN, COMPLETE, 1) == CallbackResult(
+        CallbackOutcome.NOT_FOUND, None)
     assert await store.history_list(unknown) == []
 
 
@@ -681,10 +683,10 @@ async def test_callback_on_an_execution_that_ended_otherwise_is_a_conflict(
 ) -> None:
     eid = await attached(store, "run-1")
     if ended == "completed":
-        assert (await store.execution_callback(eid, TOKEN, "complete", {"r": 1})).outcome == (
+        assert (await store.execution_callback(eid, TOKEN, COMPLETE, {"r": 1})).outcome == (
             "applied")
     elif ended == "failed":
-        assert (await store.execution_callback(eid, TOKEN, "fail", {"message": "first"})
+        assert (await store.execution_callback(eid, TOKEN, FAIL, {"message": "first"})
                 ).outcome == "applied"
     elif ended == "reconciler":
         action = end_action(eid, "run-1", "limit breached")
@@ -694,9 +696,10 @@ async def test_callback_on_an_execution_that_ended_otherwise_is_a_conflict(
     before = await snapshot(store, eid)
     clock.advance(1)
 
-    res = await store.execution_callback(eid, TOKEN, report, payload, transient=transient)
+    res = await store.execution_callback(eid, TOKEN, CallbackReport(report), payload,
+                                         transient=transient)
 
-    assert res == CallbackResult("conflict", before[0])
+    assert res == CallbackResult(CallbackOutcome.CONFLICT, before[0])
     late = await assert_kept_as_late_report(store, before)
     assert late.data == {"report": report, "payload": payload, "transient": transient,
                          "reason": reason}
@@ -707,7 +710,7 @@ async def test_callback_with_an_unknown_report_is_rejected(store: Store) -> None
     eid = await attached(store, "run-1")
     before = await snapshot(store, eid)
     with pytest.raises(ValueError, match="unknown callback"):
-        await store.execution_callback(eid, TOKEN, "progress", {"pct": 50})
+        await store.execution_callback(eid, TOKEN, cast(Any, "progress"), {"pct": 50})
     await assert_unchanged(store, eid, before)
 
 
@@ -733,7 +736,7 @@ async def test_external_running_lists_running_delegated_executions_by_id(
     await submit_unique(store)
     await completed(store)
     ended = await attached(store, "run-ended")
-    assert (await store.execution_callback(ended, TOKEN, "complete", 1)).outcome == "applied"
+    assert (await store.execution_callback(ended, TOKEN, COMPLETE, 1)).outcome == "applied"
     cancelled = await delegated(store)
     assert (await operator_ends(store, cancelled)).changed
 
@@ -896,7 +899,7 @@ async def test_reconcile_skips_an_action_that_no_longer_applies(
         eid, seen = await delegated(store), "run-1"
     elif how == "ended":
         eid, seen = await attached(store, "run-1"), "run-1"
-        assert (await store.execution_callback(eid, TOKEN, "complete", 1)).outcome == "applied"
+        assert (await store.execution_callback(eid, TOKEN, COMPLETE, 1)).outcome == "applied"
     elif how == "plain_running":  # a worker's run: no engine, no external id
         eid, seen = (await running(store)).execution_id, None
     elif how == "pending":
@@ -1039,7 +1042,7 @@ async def test_resolve_attach(store: Store) -> None:
     assert await store.execution_reconcile_apply([flag]) == [flag]
     before = await get(store, eid)
 
-    res = await store.execution_resolve(eid, action="attach", external_id="run-9",
+    res = await store.execution_resolve(eid, action=ResolveAction.ATTACH, external_id="run-9",
                                         reason="found in the engine", actor="ops@example")
 
     ex = await get(store, eid)
@@ -1055,7 +1058,7 @@ async def test_resolve_attach(store: Store) -> None:
 
     # it has an id now: another attach is refused, and changes nothing
     snap = await snapshot(store, eid)
-    res = await store.execution_resolve(eid, action="attach", external_id="run-10",
+    res = await store.execution_resolve(eid, action=ResolveAction.ATTACH, external_id="run-10",
                                         reason="again", actor="ops@example")
     assert res == ControlResult(ex, refused="execution already has an external id (run-9)")
     await assert_unchanged(store, eid, snap)
@@ -1073,7 +1076,7 @@ async def test_resolve_with_an_id_records_the_request_and_ends_nothing(
     before = await get(store, eid)
     at = clock.advance(5)
 
-    res = await store.execution_resolve(eid, action=action, external_id=None,
+    res = await store.execution_resolve(eid, action=ResolveAction(action), external_id=None,
                                         reason="customer withdrew", actor="ops@example",
                                         expected_external_id="run-1")
 
@@ -1117,7 +1120,7 @@ async def test_resolve_unconfirmed_ends_the_run_and_keeps_it_flagged_as_forced(
     at = clock.advance(5)
 
     res = await store.execution_resolve(
-        eid, action=action, external_id=None, reason="run deleted in the engine",
+        eid, action=ResolveAction(action), external_id=None, reason="run deleted in the engine",
         actor="ops@example", expected_external_id="run-1" if with_id else None,
         unconfirmed="the engine is unreachable")
 
@@ -1153,7 +1156,7 @@ async def test_resolve_refuses_to_end_on_a_stale_external_id(
     clock.advance(1)
     for unconfirmed in (None, "no external id"):
         res = await store.execution_resolve(
-            eid, action="fail", external_id=None, reason="r", actor="ops",
+            eid, action=ResolveAction.FAIL, external_id=None, reason="r", actor="ops",
             expected_external_id=None, unconfirmed=unconfirmed)
         assert res == ControlResult(
             before[0], code="engine_not_confirmed",
@@ -1165,8 +1168,8 @@ async def test_resolve_request_needs_an_external_id(store: Store, clock: ManualC
     eid = await delegated(store)
     before = await snapshot(store, eid)
     clock.advance(1)
-    res = await store.execution_resolve(eid, action="cancel", external_id=None, reason="r",
-                                        actor="ops", expected_external_id=None)
+    res = await store.execution_resolve(eid, action=ResolveAction.CANCEL, external_id=None,
+                                        reason="r", actor="ops", expected_external_id=None)
     assert res == ControlResult(before[0], code="engine_not_confirmed",
                                 refused="it has no external id: the engine cannot confirm "
                                 "anything")
@@ -1192,7 +1195,7 @@ async def test_resolve_refused_unless_running_and_delegated(
     before = await snapshot(store, eid)
     clock.advance(1)
 
-    res = await store.execution_resolve(eid, action=action, external_id="run-x",
+    res = await store.execution_resolve(eid, action=ResolveAction(action), external_id="run-x",
                                         reason="why", actor="ops@example",
                                         unconfirmed=None if action == "attach" else "forced")
 
@@ -1203,8 +1206,8 @@ async def test_resolve_refused_unless_running_and_delegated(
 async def test_resolve_of_an_unknown_execution(store: Store) -> None:
     unknown = uuid.uuid4()
     for action in ("attach", "fail", "cancel"):
-        res = await store.execution_resolve(unknown, action=action, external_id="run-1",
-                                            reason="r", actor="ops")
+        res = await store.execution_resolve(unknown, action=ResolveAction(action),
+                                            external_id="run-1", reason="r", actor="ops")
         assert res == ControlResult(None)
     assert await store.history_list(unknown) == []
 
@@ -1213,14 +1216,15 @@ async def test_resolve_rejects_bad_requests(store: Store) -> None:
     eid = await delegated(store)
     before = await snapshot(store, eid)
     with pytest.raises(ValueError, match="unknown resolution"):
-        await store.execution_resolve(eid, action="complete", external_id=None, reason="r",
+        await store.execution_resolve(eid, action=cast(Any, "complete"), external_id=None,
+                                      reason="r",
                                       actor="ops")
     with pytest.raises(ValueError, match="cannot be unconfirmed"):
-        await store.execution_resolve(eid, action="attach", external_id="run-1", reason="r",
-                                      actor="ops", unconfirmed="forced")
+        await store.execution_resolve(eid, action=ResolveAction.ATTACH, external_id="run-1",
+                                      reason="r", actor="ops", unconfirmed="forced")
     for missing in (None, ""):
         with pytest.raises(ValueError, match="external id"):
-            await store.execution_resolve(eid, action="attach", external_id=missing,
+            await store.execution_resolve(eid, action=ResolveAction.ATTACH, external_id=missing,
                                           reason="r", actor="ops")
     await assert_unchanged(store, eid, before)
 

@@ -32,6 +32,7 @@ from veracity.api.schemas import (
     WorkerPage,
 )
 from veracity.control import ExecutionService
+from veracity.core.requests import CallbackReport
 from veracity.core.states import Status
 from veracity.errors import BadRequest, InvalidInput
 from veracity.models import ExecutionFilter
@@ -240,7 +241,7 @@ def create_api(
         execution's callback token (Authorization: Bearer). The same completion again: 200,
         nothing changes; an execution that ended otherwise: 409, the report kept."""
         execution, _ = await service.callback(execution_id, _bearer(authorization),
-                                              "complete", body.result)
+                                              CallbackReport.COMPLETE, body.result)
         return ExecutionOut.of(execution)
 
     @app.post("/v1/executions/{execution_id}/fail", response_model=ExecutionOut,
@@ -250,8 +251,9 @@ def create_api(
         authorization: Annotated[str | None, Header()] = None,
     ) -> ExecutionOut:
         """The engine's callback: the run failed (failed, or failed_transient)."""
-        execution, _ = await service.callback(execution_id, _bearer(authorization), "fail",
-                                              body.error, transient=body.transient)
+        execution, _ = await service.callback(execution_id, _bearer(authorization),
+                                              CallbackReport.FAIL, body.error,
+                                              transient=body.transient)
         return ExecutionOut.of(execution)
 
     @app.put("/v1/executions/{execution_id}/resolve", response_model=ExecutionOut,

@@ -29,7 +29,7 @@ from veracity.adapters.looks import Look, Looker
 from veracity.core.reconcile import DEFAULT_STOP_FLAG_AFTER, WriteKind
 from veracity.models import Execution, ReconcileAction
 from veracity.store import RunnerLock
-from veracity.store.protocol import Store
+from veracity.store.protocol import MaintenanceStore
 
 log = logging.getLogger("veracity.reconciler")
 DOMAIN = {"domain": "reconciler"}
@@ -79,7 +79,7 @@ class ReconcilerService:
 
     def __init__(
         self,
-        store: Store,
+        store: MaintenanceStore,
         engines: Mapping[str, Engine],
         limits: Mapping[str, float | None],
         *,

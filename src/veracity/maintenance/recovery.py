@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter
 
 from veracity.core.recovery import RecoveryAction
-from veracity.store.protocol import Store
+from veracity.store.protocol import MaintenanceStore
 
 log = logging.getLogger("veracity.recovery")
 
@@ -47,7 +47,7 @@ class RecoveryService:
 
     def __init__(
         self,
-        store: Store,
+        store: MaintenanceStore,
         *,
         max_attempts: int = 5,
         batch: int = 1000,

@@ -23,6 +23,7 @@ from typing import Any
 
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
 from veracity.core.recovery import Expired, decide_recovery
+from veracity.core.requests import CallbackOutcome, CallbackReport, InterruptKind, ResolveAction
 from veracity.core.states import TERMINAL, Status, sources_of
 from veracity.models import (
     JSON,
@@ -270,7 +271,7 @@ def take_message_if_owned(claim: Claim, topic: str, pos: int, now: datetime | No
     return Taken(True, message, row["signal_seq"])
 
 
-def stop_if_owned(claim: Claim, kind: str, now: datetime | None) -> Op:
+def stop_if_owned(claim: Claim, kind: InterruptKind, now: datetime | None) -> Op:
     """The worker acting on an interrupt at a step boundary.
 
     cancel: running -> cancelled, or -> blocked while children it may not cancel are still
@@ -282,7 +283,7 @@ def stop_if_owned(claim: Claim, kind: str, now: datetime | None) -> Op:
         return (yield from _late(claim, kind, {"interrupt": kind}, now))
     seq = row["history_seq"]
     base: dict[str, JSON] = {"owner": claim.owner, "epoch": claim.epoch}
-    if kind == "pause":
+    if kind is InterruptKind.PAUSE:
         if row["pause_requested_at"] is None:
             rows = yield Query("execution_release_locked", {
                 "id": claim.execution_id, "now": now,
@@ -375,7 +376,8 @@ def interrupts(owner: str) -> Op:
     rows = yield Query("execution_interrupts", {"owner": owner})
     return [
         Interrupt(Claim(r["id"], owner, r["lease_epoch"]),
-                  "cancel" if r["cancel_requested_at"] is not None else "pause")
+                  InterruptKind.CANCEL if r["cancel_requested_at"] is not None
+                  else InterruptKind.PAUSE)
         for r in rows
     ]
 
@@ -539,7 +541,7 @@ def delegate_if_owned(claim: Claim, engine: str, callback_token_hash: str,
     if row["cancel_requested_at"] is not None:
         return (yield from _stop_cancel(claim, row["history_seq"], now))
     if row["pause_requested_at"] is not None:
-        return (yield from stop_if_owned(claim, "pause", now))
+        return (yield from stop_if_owned(claim, InterruptKind.PAUSE, now))
     rows = yield Query("execution_delegate", {
         "id": claim.execution_id, "engine": engine, "token_hash": callback_token_hash,
         "now": now,
@@ -606,7 +608,7 @@ def end_external(execution_id: uuid.UUID, *, to: Status, expected_external_id: s
     return ControlResult(execution_from(rows[0]), changed=True)
 
 
-def callback(execution_id: uuid.UUID, token: str, report: str, payload: JSON,
+def callback(execution_id: uuid.UUID, token: str, report: CallbackReport, payload: JSON,
              transient: bool, now: datetime | None) -> Op:
     """The engine's /complete or /fail. Authenticated by the per-execution token (stored
     hashed, compared in constant time). completed only ever comes from here (with its
@@ -614,12 +616,12 @@ def callback(execution_id: uuid.UUID, token: str, report: str, payload: JSON,
     execution that ended otherwise is kept in history as a late report."""
     row = yield from _lock(execution_id)
     if row is None:
-        return CallbackResult("not_found", None)
+        return CallbackResult(CallbackOutcome.NOT_FOUND, None)
     current = execution_from(row)
     expected = current.callback_token_hash or ""
     if not expected or not hmac.compare_digest(expected, token_hash(token)):
-        return CallbackResult("unauthorized", None)
-    if report == "complete":
+        return CallbackResult(CallbackOutcome.UNAUTHORIZED, None)
+    if report is CallbackReport.COMPLETE:
         target, result, error = Status.COMPLETED, payload, None
     else:
         target = Status.FAILED_TRANSIENT if transient else Status.FAILED
@@ -639,17 +641,17 @@ def callback(execution_id: uuid.UUID, token: str, report: str, payload: JSON,
         if overtaken:
             data["overtook"] = overtaken
         yield from _events(execution_id, current.history_seq, [(str(target), data)], now)
-        return CallbackResult("applied", execution_from(rows[0]))
+        return CallbackResult(CallbackOutcome.APPLIED, execution_from(rows[0]))
     same = current.status == target and (
         current.result == result if target == Status.COMPLETED else current.error == error)
     if same:
-        return CallbackResult("repeat", current)
+        return CallbackResult(CallbackOutcome.REPEAT, current)
     yield Query("execution_bump_history", {"id": execution_id, "by": 1})
     yield from _events(execution_id, current.history_seq, [("late_report", {
         "report": report, "payload": payload, "transient": transient,
         "reason": f"execution is {current.status}",
     })], now)
-    return CallbackResult("conflict", current)
+    return CallbackResult(CallbackOutcome.CONFLICT, current)
 
 
 def _overtaken(e: Execution) -> list[JSON]:
@@ -741,7 +743,7 @@ def flag_counts() -> Op:
     return {str(r["flag_kind"]): int(r["n"]) for r in rows}
 
 
-def resolve(execution_id: uuid.UUID, action: str, external_id: str | None, reason: str,
+def resolve(execution_id: uuid.UUID, action: ResolveAction, external_id: str | None, reason: str,
             actor: str, unconfirmed: str | None, expected_external_id: str | None,
             now: datetime | None) -> Op:
     """An operator resolves a running delegated execution, with a written reason.
@@ -762,7 +764,7 @@ def resolve(execution_id: uuid.UUID, action: str, external_id: str | None, reaso
     if current.status != Status.RUNNING or current.engine is None:
         return ControlResult(current, refused=f"execution is {current.status}"
                              + ("" if current.engine else ", not delegated to an engine"))
-    if action == "attach":
+    if action is ResolveAction.ATTACH:
         if current.external_execution_id is not None:
             return ControlResult(current, refused="execution already has an external id "
                                  f"({current.external_execution_id})")

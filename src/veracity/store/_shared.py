@@ -6,8 +6,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
+from veracity.core.requests import CallbackReport, InterruptKind, ResolveAction
 from veracity.core.states import Status
 from veracity.models import (
     JSON,
@@ -24,6 +26,16 @@ from veracity.models import (
 )
 from veracity.store import _ops
 from veracity.store._common import recover_sources, require_aware
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def _member(kind: type[E], value: str, what: str) -> E:
+    """``value`` as a member of ``kind``; a value that is none is a ValueError naming it."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"unknown {what} {value!r}") from None
 
 
 class SharedMethods:
@@ -113,11 +125,11 @@ class SharedMethods:
             lambda: _ops.take_message_if_owned(claim, topic, pos, self._now()))
         return result
 
-    async def execution_stop_if_owned(self, claim: Claim, kind: str) -> TransitionResult:
-        if kind not in ("cancel", "pause"):
-            raise ValueError(f"unknown interrupt {kind!r}")
+    async def execution_stop_if_owned(self, claim: Claim, kind: InterruptKind
+                                      ) -> TransitionResult:
+        interrupt = _member(InterruptKind, kind, "interrupt")
         result: TransitionResult = await self._op(
-            lambda: _ops.stop_if_owned(claim, kind, self._now()))
+            lambda: _ops.stop_if_owned(claim, interrupt, self._now()))
         return result
 
     async def execution_interrupts(self, owner: str) -> list[Interrupt]:
@@ -185,13 +197,12 @@ class SharedMethods:
         return out
 
     async def execution_callback(
-        self, execution_id: uuid.UUID, token: str, report: str, payload: JSON, *,
+        self, execution_id: uuid.UUID, token: str, report: CallbackReport, payload: JSON, *,
         transient: bool = False,
     ) -> CallbackResult:
-        if report not in ("complete", "fail"):
-            raise ValueError(f"unknown callback {report!r}")
+        kind = _member(CallbackReport, report, "callback")
         result: CallbackResult = await self._op(lambda: _ops.callback(
-            execution_id, token, report, payload, transient, self._now()))
+            execution_id, token, kind, payload, transient, self._now()))
         return result
 
     async def execution_external_running(
@@ -219,17 +230,17 @@ class SharedMethods:
         return recovered
 
     async def execution_resolve(
-        self, execution_id: uuid.UUID, *, action: str, external_id: str | None, reason: str,
-        actor: str, expected_external_id: str | None = None, unconfirmed: str | None = None,
+        self, execution_id: uuid.UUID, *, action: ResolveAction, external_id: str | None,
+        reason: str, actor: str, expected_external_id: str | None = None,
+        unconfirmed: str | None = None,
     ) -> ControlResult:
-        if action not in ("attach", "fail", "cancel"):
-            raise ValueError(f"unknown resolution {action!r}")
-        if action == "attach" and not external_id:
+        resolution = _member(ResolveAction, action, "resolution")
+        if resolution is ResolveAction.ATTACH and not external_id:
             raise ValueError("attach needs an external id")
-        if action == "attach" and unconfirmed is not None:
+        if resolution is ResolveAction.ATTACH and unconfirmed is not None:
             raise ValueError("attaching an id ends nothing: it cannot be unconfirmed")
         result: ControlResult = await self._op(lambda: _ops.resolve(
-            execution_id, action, external_id, reason, actor, unconfirmed,
+            execution_id, resolution, external_id, reason, actor, unconfirmed,
             expected_external_id, self._now()))
         return result
 

@@ -1,4 +1,10 @@
-"""The one store protocol that every backend implements.
+"""The store protocols, one per consumer, and ``Store``, which every backend implements.
+
+A component is typed against only what it may touch (as Obelisk splits its storage
+traits): the workflow :class:`JournalStore` (a running workflow's fenced journal), the
+:class:`WorkerStore` (claims, leases and the worker's fenced exits), the
+:class:`ControlStore` (the API's and the CLI's requests), the :class:`MaintenanceStore`
+(periodic services), and :class:`ReadStore` (reads everyone may make).
 
 Methods are named entity first (``execution_claim``, ``execution_complete_if_owned``).
 Every state change is a single guarded statement whose WHERE clause names the states it
@@ -15,6 +21,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from veracity.core.requests import CallbackReport, InterruptKind, ResolveAction
 from veracity.core.states import Status
 from veracity.models import (
     JSON,
@@ -37,31 +44,28 @@ from veracity.models import (
 )
 from veracity.store._common import RunnerLock
 
+__all__ = [
+    "ControlStore",
+    "DelegatedWrites",
+    "JournalStore",
+    "MaintenanceStore",
+    "ReadStore",
+    "Store",
+    "WorkerStore",
+]
 
-class Store(Protocol):
+
+class ReadStore(Protocol):
+    """Reads, for everyone."""
+
     backend: str
     """``"postgresql"`` or ``"sqlite"``."""
-
-    supports_notifications: bool
-    """True if :meth:`pending_notifications` delivers wake-ups (PostgreSQL LISTEN)."""
-
-    async def migrate(self) -> list[int]:
-        """Apply pending migrations (safe from several processes at once); return the
-        versions this call applied."""
-
-    async def close(self) -> None: ...
 
     async def ping(self) -> None:
         """Raise if the database does not answer."""
 
-    # -- executions -----------------------------------------------------------------
-
-    async def execution_submit(self, new: NewExecution) -> Submitted:
-        """Insert a pending execution and its ``pending`` history event.
-
-        With an idempotency key that already exists, insert nothing and return the
-        existing execution with ``created=False`` (concurrent calls create one row).
-        """
+    async def db_now(self) -> datetime:
+        """The store's clock (the injected one, else the database's)."""
 
     async def execution_get(self, execution_id: uuid.UUID) -> Execution | None: ...
 
@@ -75,7 +79,71 @@ class Store(Protocol):
     ) -> list[HistoryEvent]:
         """History events in order of ``seq``."""
 
-    # -- leases (fenced writes) ---------------------------------------------------------
+    async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]: ...
+
+    async def execution_flag_counts(self) -> dict[str, int]:
+        """How many executions carry each flag kind (terminal forced ones included)."""
+
+
+class DelegatedWrites(Protocol):
+    """The writes decided by looks at delegated runs (the reconciler, an operator's
+    resolve, a cancel, the worker's ambiguous trigger)."""
+
+    async def execution_reconcile_apply(
+        self, actions: Sequence[ReconcileAction]
+    ) -> list[ReconcileAction]:
+        """The writes decided by looks at delegated executions (ends once the engine
+        confirmed, flags, cleared flags), in one transaction; returns those applied."""
+
+
+class JournalStore(Protocol):
+    """What a running workflow's Context touches: its journal, children, waits and
+    messages, each write fenced by the claim (owner, epoch, unexpired lease)."""
+
+    async def execution_children(
+        self, parent_id: uuid.UUID, join_set: str | None = None
+    ) -> tuple[list[Execution], int]:
+        """The parent's signal_seq (read first), and its children: ended ones first in the
+        order they ended, then the unfinished ones."""
+
+    async def execution_checkpoint_if_owned(
+        self, claim: Claim, kind: str, data: JSON
+    ) -> TransitionResult:
+        """Append a journal event (``step_completed``, ...) to history, only while the
+        lease is held; the status does not change. A refusal is recorded as a late report
+        and answered ``applied=False``."""
+
+    async def execution_block_if_owned(
+        self,
+        claim: Claim,
+        *,
+        wake_at: datetime | None,
+        seen_signal: int,
+        events: Sequence[tuple[str, JSON]],
+        reason: str,
+    ) -> TransitionResult:
+        """running -> blocked (no lease, no worker), with the journal ``events`` that explain
+        the wait; -> pending instead if the signal moved since ``seen_signal`` or the timer
+        ``wake_at`` is already due. Refused (late report) without the lease."""
+
+    async def execution_spawn_if_owned(
+        self, claim: Claim, children: Sequence[NewExecution], events: Sequence[tuple[str, JSON]]
+    ) -> TransitionResult:
+        """Insert executions (children or top-level) and the parent's journal events in one
+        fenced transaction. An id that exists already is not inserted again."""
+
+    async def execution_take_message_if_owned(
+        self, claim: Claim, topic: str, pos: int
+    ) -> Taken:
+        """Take the oldest unread message on ``topic`` and journal it at ``pos``."""
+
+
+class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
+    """What a worker touches: claims, leases and their renewal, its fenced exits from
+    running, interrupts, timers, its registration, and the start of delegated runs."""
+
+    supports_notifications: bool
+    """True if :meth:`pending_notifications` delivers wake-ups (PostgreSQL LISTEN)."""
 
     async def execution_claim(
         self, owner: str, ffqns: Sequence[str], *, limit: int, lease_ttl: timedelta
@@ -103,13 +171,6 @@ class Store(Protocol):
         like :meth:`execution_complete_if_owned` (refusals become late reports). Results
         are in the order of ``items``."""
 
-    async def execution_checkpoint_if_owned(
-        self, claim: Claim, kind: str, data: JSON
-    ) -> TransitionResult:
-        """Append a journal event (``step_completed``, ...) to history, only while the
-        lease is held; the status does not change. A refusal is recorded as a late report
-        and answered ``applied=False``."""
-
     async def execution_checkpoint_many_if_owned(
         self, owner: str, items: Sequence[tuple[Claim, str, JSON]]
     ) -> list[TransitionResult]:
@@ -124,70 +185,7 @@ class Store(Protocol):
         statement) and touch the worker's row; return the leases renewed. A lease missing
         from the answer is lost."""
 
-    async def execution_recover_expired(
-        self, *, max_attempts: int, limit: int = 1000
-    ) -> list[Recovered]:
-        """Move executions whose lease expired back to pending (attempt + 1), or to
-        failed_transient once ``attempt >= max_attempts``; clear the owner; record why.
-        Executions delegated to an external engine hold no lease and are never touched."""
-
-    # -- workers --------------------------------------------------------------------------
-
-    async def worker_register(self, info: WorkerInfo) -> WorkerRecord: ...
-
-    async def worker_stop(self, worker_id: str) -> None: ...
-
-    async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]: ...
-
-    async def db_now(self) -> datetime:
-        """The store's clock (the injected one, else the database's)."""
-
-    # -- coordination ---------------------------------------------------------------------
-
-    def single_runner(self, name: str) -> AbstractAsyncContextManager[RunnerLock]:
-        """Try to take the lock ``name`` for one tick of a periodic service; yields a
-        RunnerLock, truthy if it was taken (never waits), whose ``held()`` tells whether it
-        still is. PostgreSQL: a session advisory lock on a dedicated
-        connection, released in ``finally``, the connection discarded if unlocking fails.
-        SQLite: an exclusive flock on a file beside the database."""
-
-    def pending_notifications(self) -> AsyncIterator[None]:
-        """Yield once per wake-up notification (an execution became pending). Only when
-        ``supports_notifications``; ends with an exception if the connection is lost."""
-
-    # -- the durable engine (blocking waits, children, messages, cancel, pause) ----------
-
-    async def execution_block_if_owned(
-        self,
-        claim: Claim,
-        *,
-        wake_at: datetime | None,
-        seen_signal: int,
-        events: Sequence[tuple[str, JSON]],
-        reason: str,
-    ) -> TransitionResult:
-        """running -> blocked (no lease, no worker), with the journal ``events`` that explain
-        the wait; -> pending instead if the signal moved since ``seen_signal`` or the timer
-        ``wake_at`` is already due. Refused (late report) without the lease."""
-
-    async def execution_spawn_if_owned(
-        self, claim: Claim, children: Sequence[NewExecution], events: Sequence[tuple[str, JSON]]
-    ) -> TransitionResult:
-        """Insert executions (children or top-level) and the parent's journal events in one
-        fenced transaction. An id that exists already is not inserted again."""
-
-    async def execution_children(
-        self, parent_id: uuid.UUID, join_set: str | None = None
-    ) -> tuple[list[Execution], int]:
-        """The parent's signal_seq (read first), and its children: ended ones first in the
-        order they ended, then the unfinished ones."""
-
-    async def execution_take_message_if_owned(
-        self, claim: Claim, topic: str, pos: int
-    ) -> Taken:
-        """Take the oldest unread message on ``topic`` and journal it at ``pos``."""
-
-    async def execution_stop_if_owned(self, claim: Claim, kind: str) -> TransitionResult:
+    async def execution_stop_if_owned(self, claim: Claim, kind: InterruptKind) -> TransitionResult:
         """Act on an interrupt at a step boundary: ``cancel`` (-> cancelled, or blocked while
         children that cannot be cancelled still run) or ``pause`` (-> paused)."""
 
@@ -197,31 +195,16 @@ class Store(Protocol):
     async def execution_wake_due(self, *, limit: int = 1000) -> list[Execution]:
         """Blocked executions whose timer is due become pending."""
 
-    async def message_send(
-        self, execution_id: uuid.UUID, topic: str, payload: JSON
-    ) -> ControlResult:
-        """Store a message durably and wake the execution if it is blocked; refused for a
-        terminal execution."""
+    async def worker_register(self, info: WorkerInfo) -> WorkerRecord: ...
 
-    async def execution_cancel(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
-    ) -> ControlResult:
-        """Request cancellation of the execution and, recursively, of its unfinished
-        -cancellable children; record cancelled at once what is not running and has no
-        unfinished children. A terminal execution is left unchanged."""
+    async def worker_stop(self, worker_id: str) -> None: ...
 
-    async def execution_pause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
-    ) -> ControlResult: ...
-
-    async def execution_unpause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
-    ) -> ControlResult: ...
+    def pending_notifications(self) -> AsyncIterator[None]:
+        """Yield once per wake-up notification (an execution became pending). Only when
+        ``supports_notifications``; ends with an exception if the connection is lost."""
 
     def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
         """Yield the id of each running execution asked to stop (PostgreSQL NOTIFY)."""
-
-    # -- external engines (docs/external.md) ----------------------------------------------------
 
     async def execution_delegate_if_owned(
         self, claim: Claim, engine: str, callback_token_hash: str
@@ -243,26 +226,48 @@ class Store(Protocol):
     ) -> ControlResult:
         """End a delegated execution if it is still running with the expected external id."""
 
+
+class ControlStore(DelegatedWrites, ReadStore, Protocol):
+    """The control plane's requests (the HTTP API and the CLI)."""
+
+    async def execution_submit(self, new: NewExecution) -> Submitted:
+        """Insert a pending execution and its ``pending`` history event.
+
+        With an idempotency key that already exists, insert nothing and return the
+        existing execution with ``created=False`` (concurrent calls create one row).
+        """
+
+    async def execution_cancel(
+        self, execution_id: uuid.UUID, *, actor: str | None = None
+    ) -> ControlResult:
+        """Request cancellation of the execution and, recursively, of its unfinished
+        -cancellable children; record cancelled at once what is not running and has no
+        unfinished children. A terminal execution is left unchanged."""
+
+    async def execution_pause(
+        self, execution_id: uuid.UUID, *, actor: str | None = None
+    ) -> ControlResult: ...
+
+    async def execution_unpause(
+        self, execution_id: uuid.UUID, *, actor: str | None = None
+    ) -> ControlResult: ...
+
+    async def message_send(
+        self, execution_id: uuid.UUID, topic: str, payload: JSON
+    ) -> ControlResult:
+        """Store a message durably and wake the execution if it is blocked; refused for a
+        terminal execution."""
+
     async def execution_callback(
-        self, execution_id: uuid.UUID, token: str, report: str, payload: JSON, *,
+        self, execution_id: uuid.UUID, token: str, report: CallbackReport, payload: JSON, *,
         transient: bool = False,
     ) -> CallbackResult:
         """An engine's /complete (report "complete") or /fail (report "fail")."""
 
-    async def execution_external_running(
-        self, *, limit: int = 1000, after: uuid.UUID | None = None
-    ) -> list[Execution]:
-        """Running executions delegated to an engine, by id (keyset ``after``)."""
-
-    async def execution_reconcile_apply(
-        self, actions: Sequence[ReconcileAction]
-    ) -> list[ReconcileAction]:
-        """The writes decided by looks at delegated executions (ends once the engine
-        confirmed, flags, cleared flags), in one transaction; returns those applied."""
-
     async def execution_resolve(
-        self, execution_id: uuid.UUID, *, action: str, external_id: str | None, reason: str,
-        actor: str, expected_external_id: str | None = None, unconfirmed: str | None = None,
+        self, execution_id: uuid.UUID, *, action: ResolveAction, external_id: str | None,
+        reason: str, actor: str, expected_external_id: str | None = None,
+        unconfirmed: str | None = None,
     ) -> ControlResult:
         """An operator, with a written reason: attach an external id; or ask to end the run
         (fail -> failed_transient, cancel -> cancelled), recorded until a look finds the
@@ -270,5 +275,36 @@ class Store(Protocol):
         end it now and keep it flagged as forced. Ends apply only while the external id is
         ``expected_external_id``."""
 
-    async def execution_flag_counts(self) -> dict[str, int]:
-        """How many executions carry each flag kind (terminal forced ones included)."""
+
+class MaintenanceStore(DelegatedWrites, ReadStore, Protocol):
+    """The periodic services: single-runner locks, lease recovery, the reconciler."""
+
+    def single_runner(self, name: str) -> AbstractAsyncContextManager[RunnerLock]:
+        """Try to take the lock ``name`` for one tick of a periodic service; yields a
+        RunnerLock, truthy if it was taken (never waits), whose ``held()`` tells whether it
+        still is. PostgreSQL: a session advisory lock on a dedicated
+        connection, released in ``finally``, the connection discarded if unlocking fails.
+        SQLite: an exclusive flock on a file beside the database."""
+
+    async def execution_recover_expired(
+        self, *, max_attempts: int, limit: int = 1000
+    ) -> list[Recovered]:
+        """Move executions whose lease expired back to pending (attempt + 1), or to
+        failed_transient once ``attempt >= max_attempts``; clear the owner; record why.
+        Executions delegated to an external engine hold no lease and are never touched."""
+
+    async def execution_external_running(
+        self, *, limit: int = 1000, after: uuid.UUID | None = None
+    ) -> list[Execution]:
+        """Running executions delegated to an engine, by id (keyset ``after``)."""
+
+
+class Store(WorkerStore, ControlStore, MaintenanceStore, Protocol):
+    """A whole backend: every consumer's protocol, and the schema."""
+
+    async def migrate(self) -> list[int]:
+        """Apply pending migrations (safe from several processes at once); return the
+        versions this call applied."""
+
+    async def close(self) -> None: ...
+

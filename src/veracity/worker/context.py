@@ -30,7 +30,7 @@ from veracity.core.states import Status
 from veracity.models import JSON, Claim, HistoryEvent, NewExecution, TransitionResult
 
 if TYPE_CHECKING:
-    from veracity.store.protocol import Store
+    from veracity.store.protocol import JournalStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -294,7 +294,7 @@ class Context:
     def __init__(
         self,
         *,
-        store: Store,
+        store: JournalStore,
         claim: Claim,
         execution_id: uuid.UUID,
         deployment_id: str,

@@ -30,8 +30,9 @@ from veracity.adapters.base import Engine
 from veracity.adapters.config import ExternalConfig
 from veracity.app import App, WorkflowDef
 from veracity.config import WorkerSettings
+from veracity.core.requests import InterruptKind
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
-from veracity.store.protocol import Store
+from veracity.store.protocol import WorkerStore
 from veracity.worker.context import (
     Context,
     ExecutionInterrupted,
@@ -162,7 +163,7 @@ class Batcher:
 class Completer(Batcher):
     """Batched completions (see :class:`Batcher`)."""
 
-    def __init__(self, store: Store, owner: str, max_batch: int = 500) -> None:
+    def __init__(self, store: WorkerStore, owner: str, max_batch: int = 500) -> None:
         async def write(items: list[tuple[Claim, Any]]) -> list[TransitionResult]:
             return await store.execution_complete_many_if_owned(owner, items)
 
@@ -176,7 +177,7 @@ class Checkpointer(Batcher):
     """Batched journal writes (step results...) of concurrent runs (see :class:`Batcher`):
     still one round trip per step, and one commit for many."""
 
-    def __init__(self, store: Store, owner: str, max_batch: int = 500) -> None:
+    def __init__(self, store: WorkerStore, owner: str, max_batch: int = 500) -> None:
         async def write(items: list[tuple[Claim, Any]]) -> list[TransitionResult]:
             return await store.execution_checkpoint_many_if_owned(
                 owner, [(claim, kind, data) for claim, (kind, data) in items])
@@ -190,7 +191,7 @@ class Checkpointer(Batcher):
 class Worker:
     def __init__(
         self,
-        store: Store,
+        store: WorkerStore,
         app: App,
         *,
         settings: WorkerSettings | None = None,
@@ -469,9 +470,10 @@ class Worker:
             log.warning("lease lost; stopped at a step boundary",
                         extra={**EXTRA, "execution_id": str(claim.execution_id)})
             return
-        if reason in ("cancel", "pause"):
+        if reason in set(InterruptKind):
+            kind = InterruptKind(reason)
             outcome = await self._write(
-                lambda: self.store.execution_stop_if_owned(claim, reason), claim)
+                lambda: self.store.execution_stop_if_owned(claim, kind), claim)
             log.info("%s at a step boundary", reason,
                      extra={**EXTRA, "execution_id": str(claim.execution_id),
                             "status": str(outcome.execution.status)

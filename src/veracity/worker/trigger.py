@@ -13,12 +13,12 @@ from veracity.core.reconcile import FlagKind, WriteKind
 from veracity.core.states import Status
 from veracity.models import Claim, Execution, ReconcileAction
 from veracity.store import token_hash
-from veracity.store.protocol import Store
+from veracity.store.protocol import WorkerStore
 
 log = logging.getLogger("veracity.worker")
 
 
-async def trigger(store: Store, engine: Engine, workflow: ExternalWorkflow,
+async def trigger(store: WorkerStore, engine: Engine, workflow: ExternalWorkflow,
                   execution: Execution, claim: Claim, public_url: str) -> str:
     """Start the engine's run of a claimed execution, never twice.
 
@@ -73,7 +73,7 @@ async def trigger(store: Store, engine: Engine, workflow: ExternalWorkflow,
     return await _ambiguous(store, execution.id, started.message or str(started.outcome))
 
 
-async def _ambiguous(store: Store, execution_id: uuid.UUID, why: str) -> str:
+async def _ambiguous(store: WorkerStore, execution_id: uuid.UUID, why: str) -> str:
     reason = (f"the trigger's outcome is unknown ({why}); the run may exist in the engine. "
               "Not triggered again: attach its id or end the run")
     await store.execution_reconcile_apply([ReconcileAction(
