@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from veracity.core.states import Status, sources_of
@@ -21,6 +23,33 @@ def claim_sources() -> list[str]:
 
 
 REPEATED_IN_BATCH = "a second write for this execution in one batch (only the first applies)"
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """One fenced exit from running (complete, fail, release), as a batch item."""
+
+    claim: Claim
+    to: Status
+    report: str
+    """What the late report says was refused (``complete``, ``fail``, ``release``)."""
+    event: dict[str, JSON]
+    payload: JSON
+    """What the late report keeps."""
+    result: JSON = None
+    error: JSON = None
+
+
+def leave_batch(owner: str, items: Sequence[Leave]) -> list[Leave]:
+    """The items to write: each execution's first (a repeat is refused as a late report),
+    all of ``owner``'s."""
+    if any(item.claim.owner != owner for item in items):
+        raise ValueError("every claim of a batch must belong to its owner")
+    first: dict[uuid.UUID, Leave] = {}
+    for item in items:
+        owned_sources(item.to)  # a transition the table forbids is refused before writing
+        first.setdefault(item.claim.execution_id, item)
+    return list(first.values())
 
 
 def late_report_event(

@@ -25,7 +25,7 @@ from veracity.models import (
     TransitionResult,
 )
 from veracity.store import _ops
-from veracity.store._common import recover_sources, require_aware
+from veracity.store._common import Leave, recover_sources, require_aware
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -38,51 +38,66 @@ def _member(kind: type[E], value: str, what: str) -> E:
         raise ValueError(f"unknown {what} {value!r}") from None
 
 
+def _completion(claim: Claim, result: JSON) -> Leave:
+    return Leave(claim, Status.COMPLETED, "complete",
+                 event={"owner": claim.owner, "epoch": claim.epoch},
+                 payload={"result": result}, result=result)
+
+
 class SharedMethods:
     """Methods both backends share: the durable-engine operations (driven by ``_op``) and
-    the worker's fenced exits from running (each backend's ``_leave_if_owned``)."""
+    the worker's fenced exits from running, single ones as batches of one (each backend's
+    ``_leave_many_if_owned`` and ``execution_checkpoint_many_if_owned``)."""
 
     async def _op(self, factory: Callable[[], _ops.Op]) -> Any:
         raise NotImplementedError
 
-    async def _leave_if_owned(
-        self, claim: Claim, to: Status, *, report: str, result: JSON = None,
-        error: JSON = None, event: dict[str, JSON], payload: JSON,
-    ) -> TransitionResult:
+    async def _leave_many_if_owned(self, owner: str, items: Sequence[Leave]
+                                   ) -> list[TransitionResult]:
+        """Each item guarded by the lease fence; refusals (a repeat in the batch included)
+        kept as late reports; results in the order of ``items``."""
         raise NotImplementedError
 
+    async def _leave(self, item: Leave) -> TransitionResult:
+        # a single exit is a batch of one: one path for every fenced exit
+        return (await self._leave_many_if_owned(item.claim.owner, [item]))[0]
+
     async def execution_complete_if_owned(self, claim: Claim, result: JSON) -> TransitionResult:
-        return await self._leave_if_owned(
-            claim,
-            Status.COMPLETED,
-            report="complete",
-            result=result,
-            event={"owner": claim.owner, "epoch": claim.epoch},
-            payload={"result": result},
-        )
+        return await self._leave(_completion(claim, result))
+
+    async def execution_complete_many_if_owned(
+        self, owner: str, items: Sequence[tuple[Claim, JSON]]
+    ) -> list[TransitionResult]:
+        if not items:
+            return []
+        return await self._leave_many_if_owned(
+            owner, [_completion(claim, result) for claim, result in items])
 
     async def execution_fail_if_owned(
         self, claim: Claim, error: JSON, *, transient: bool = False
     ) -> TransitionResult:
-        to = Status.FAILED_TRANSIENT if transient else Status.FAILED
-        return await self._leave_if_owned(
-            claim,
-            to,
-            report="fail",
-            error=error,
+        return await self._leave(Leave(
+            claim, Status.FAILED_TRANSIENT if transient else Status.FAILED, "fail",
             event={"owner": claim.owner, "epoch": claim.epoch, "error": error},
-            payload={"error": error, "transient": transient},
-        )
+            payload={"error": error, "transient": transient}, error=error))
 
     async def execution_release_if_owned(self, claim: Claim, reason: str) -> TransitionResult:
-        return await self._leave_if_owned(
-            claim,
-            Status.PENDING,
-            report="release",
+        return await self._leave(Leave(
+            claim, Status.PENDING, "release",
             event={"owner": claim.owner, "epoch": claim.epoch, "reason": reason},
-            payload={"reason": reason},
-        )
+            payload={"reason": reason}))
 
+    async def execution_checkpoint_if_owned(
+        self, claim: Claim, kind: str, data: JSON
+    ) -> TransitionResult:
+        # a single checkpoint is a batch of one: one path for every journal write
+        return (await self.execution_checkpoint_many_if_owned(
+            claim.owner, [(claim, kind, data)]))[0]
+
+    async def execution_checkpoint_many_if_owned(
+        self, owner: str, items: Sequence[tuple[Claim, str, JSON]]
+    ) -> list[TransitionResult]:
+        raise NotImplementedError
 
     def _now(self) -> datetime | None:
         raise NotImplementedError

@@ -104,26 +104,31 @@ WITH due AS (
 )
 SELECT * FROM claimed ORDER BY scheduled_at, id
 
--- name: execution_leave_if_owned
--- Every exit a worker makes from running: one guarded statement plus its event.
-WITH upd AS (
-    UPDATE veracity_executions SET
-        status = %(to_status)s,
-        result = %(result)s,
-        error = %(error)s,
+-- name: execution_leave_many_if_owned
+-- Every exit a worker makes from running, one execution or a batch of one owner's: each row
+-- guarded by the lease fence (veracity_holds_lease) with its own epoch, plus its event.
+WITH input AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[], %(to_statuses)s::text[],
+                         %(results)s::json[], %(errors)s::json[], %(events)s::json[])
+        AS t(id, epoch, to_status, result, error, event)
+), upd AS (
+    UPDATE veracity_executions AS e SET
+        status = input.to_status,
+        result = input.result,
+        error = input.error,
         lease_owner = NULL,
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s::timestamptz, now()),
-        history_seq = history_seq + 1
-    WHERE id = %(id)s
-      AND status = ANY (%(from_states)s::text[])
-      AND lease_owner = %(owner)s
-      AND lease_epoch = %(epoch)s
-      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
-    RETURNING *
+        history_seq = e.history_seq + 1
+    FROM input
+    WHERE e.id = input.id
+      AND e.status = ANY (%(from_states)s::text[])
+      AND veracity_holds_lease(e.status, e.lease_owner, e.lease_epoch, e.lease_expires_at,
+                               %(owner)s, input.epoch, coalesce(%(now)s::timestamptz, now()))
+    RETURNING e.*, input.event
 ), ev AS (
     INSERT INTO veracity_history (execution_id, seq, kind, at, data)
-    SELECT id, history_seq, status, updated_at, %(event)s FROM upd
+    SELECT id, history_seq, status, updated_at, event FROM upd
 )
 SELECT * FROM upd
 
@@ -140,50 +145,6 @@ WITH bump AS (
 )
 SELECT * FROM bump
 
--- name: execution_checkpoint_if_owned
--- A journal entry (a step's result, ...) written only while the lease is ours: one round trip.
-WITH own AS (
-    UPDATE veracity_executions SET history_seq = history_seq + 1
-    WHERE id = %(id)s
-      AND status = 'running'
-      AND lease_owner = %(owner)s
-      AND lease_epoch = %(epoch)s
-      AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
-    RETURNING id, history_seq
-), ev AS (
-    INSERT INTO veracity_history (execution_id, seq, kind, at, data)
-    SELECT id, history_seq, %(kind)s, coalesce(%(now)s::timestamptz, now()), %(data)s FROM own
-)
-SELECT history_seq FROM own
-
--- name: execution_complete_many_if_owned
--- Batched completions of one owner: each row is still guarded by its own epoch and lease.
-WITH input AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[], %(results)s::json[])
-        AS t(id, epoch, result)
-), upd AS (
-    UPDATE veracity_executions AS e SET
-        status = 'completed',
-        result = input.result,
-        lease_owner = NULL,
-        lease_expires_at = NULL,
-        updated_at = coalesce(%(now)s::timestamptz, now()),
-        history_seq = e.history_seq + 1
-    FROM input
-    WHERE e.id = input.id
-      AND e.status = ANY (%(from_states)s::text[])
-      AND e.lease_owner = %(owner)s
-      AND e.lease_epoch = input.epoch
-      AND e.lease_expires_at > coalesce(%(now)s::timestamptz, now())
-    RETURNING e.*
-), ev AS (
-    INSERT INTO veracity_history (execution_id, seq, kind, at, data)
-    SELECT id, history_seq, 'completed', updated_at,
-           json_build_object('owner', %(owner)s::text, 'epoch', lease_epoch)
-    FROM upd
-)
-SELECT * FROM upd
-
 -- name: lease_renew
 -- The heartbeat: one statement renews every lease the worker still holds (and its row).
 WITH hb AS (
@@ -197,10 +158,8 @@ WITH hb AS (
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(ttl)s::interval
     FROM held
     WHERE e.id = held.id
-      AND e.lease_epoch = held.epoch
-      AND e.status = 'running'
-      AND e.lease_owner = %(owner)s
-      AND e.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+      AND veracity_holds_lease(e.status, e.lease_owner, e.lease_epoch, e.lease_expires_at,
+                               %(owner)s, held.epoch, coalesce(%(now)s::timestamptz, now()))
     RETURNING e.id, e.lease_epoch
 )
 SELECT id, lease_epoch FROM renewed
@@ -283,12 +242,10 @@ VALUES (%(execution_id)s, %(seq)s, %(kind)s, coalesce(%(now)s::timestamptz, now(
 SELECT * FROM veracity_executions WHERE id = %(id)s FOR UPDATE
 
 -- name: execution_lock_owned
-SELECT * FROM veracity_executions
+SELECT * FROM veracity_executions AS e
 WHERE id = %(id)s
-  AND status = 'running'
-  AND lease_owner = %(owner)s
-  AND lease_epoch = %(epoch)s
-  AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+  AND veracity_holds_lease(e.status, e.lease_owner, e.lease_epoch, e.lease_expires_at,
+                           %(owner)s, %(epoch)s, coalesce(%(now)s::timestamptz, now()))
 FOR UPDATE
 
 -- name: execution_bump_history
@@ -497,10 +454,8 @@ WITH input AS (
     UPDATE veracity_executions AS e SET history_seq = e.history_seq + 1
     FROM input
     WHERE e.id = input.id
-      AND e.status = 'running'
-      AND e.lease_owner = %(owner)s
-      AND e.lease_epoch = input.epoch
-      AND e.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+      AND veracity_holds_lease(e.status, e.lease_owner, e.lease_epoch, e.lease_expires_at,
+                               %(owner)s, input.epoch, coalesce(%(now)s::timestamptz, now()))
     RETURNING e.id, e.history_seq, input.kind, input.data
 ), ev AS (
     INSERT INTO veracity_history (execution_id, seq, kind, at, data)

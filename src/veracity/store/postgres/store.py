@@ -37,12 +37,14 @@ from veracity.models import (
 from veracity.store import _ops
 from veracity.store._common import (
     REPEATED_IN_BATCH,
+    Leave,
     RunnerLock,
     check_filter,
     check_journal_kind,
     check_new,
     claim_sources,
     late_report_event,
+    leave_batch,
     lock_key,
     owned_sources,
     require_aware,
@@ -346,87 +348,33 @@ class PostgresStore(SharedMethods):
             False, row_to_execution(row) if row else current, cast(str, late["reason"])
         )
 
-    async def _leave_if_owned(
-        self,
-        claim: Claim,
-        to: Status,
-        *,
-        report: str,
-        result: JSON = None,
-        error: JSON = None,
-        event: dict[str, JSON],
-        payload: JSON,
-    ) -> TransitionResult:
-        row = await self._fetchone(
-            "execution_leave_if_owned",
-            {
-                "id": claim.execution_id,
-                "owner": claim.owner,
-                "epoch": claim.epoch,
-                "to_status": str(to),
-                "from_states": owned_sources(to),
-                "result": Json(result) if to == Status.COMPLETED else None,
-                "error": Json(error) if error is not None else None,
-                "event": Json(event),
-                "now": self._now(),
-            },
-        )
-        if row is not None:
-            return TransitionResult(True, row_to_execution(row))
-        return await self._late_report(report, claim, payload)
-
-
-    async def execution_complete_many_if_owned(
-        self, owner: str, items: Sequence[tuple[Claim, JSON]]
-    ) -> list[TransitionResult]:
-        if not items:
-            return []
-        if any(claim.owner != owner for claim, _ in items):
-            raise ValueError("every claim of a batch must belong to its owner")
-        # one row per execution in the statement; a repeat within the batch is refused below
-        first: dict[uuid.UUID, tuple[Claim, JSON]] = {}
-        for claim, result in items:
-            first.setdefault(claim.execution_id, (claim, result))
-        unique = list(first.values())
+    async def _leave_many_if_owned(self, owner: str, items: Sequence[Leave]
+                                   ) -> list[TransitionResult]:
+        unique = leave_batch(owner, items)
         rows = await self._fetchall(
-            "execution_complete_many_if_owned",
+            "execution_leave_many_if_owned",
             {
-                "ids": [claim.execution_id for claim, _ in unique],
-                "epochs": [claim.epoch for claim, _ in unique],
-                "results": [Json(result) for _, result in unique],
+                "ids": [i.claim.execution_id for i in unique],
+                "epochs": [i.claim.epoch for i in unique],
+                "to_statuses": [str(i.to) for i in unique],
+                "results": [Json(i.result) if i.to == Status.COMPLETED else None
+                            for i in unique],
+                "errors": [Json(i.error) if i.error is not None else None for i in unique],
+                "events": [Json(i.event) for i in unique],
                 "owner": owner,
-                "from_states": owned_sources(Status.COMPLETED),
+                "from_states": sorted({s for i in unique for s in owned_sources(i.to)}),
                 "now": self._now(),
             },
         )
         done = {row["id"]: row_to_execution(row) for row in rows}
         out: list[TransitionResult] = []
-        for claim, result in items:
-            if claim.execution_id in done:
+        for item in items:
+            if item.claim.execution_id in done:
                 # only the first occurrence was applied; a repeat is a late report
-                out.append(TransitionResult(True, done.pop(claim.execution_id)))
+                out.append(TransitionResult(True, done.pop(item.claim.execution_id)))
             else:
-                out.append(await self._late_report("complete", claim, {"result": result}))
+                out.append(await self._late_report(item.report, item.claim, item.payload))
         return out
-
-    async def execution_checkpoint_if_owned(
-        self, claim: Claim, kind: str, data: JSON
-    ) -> TransitionResult:
-        check_journal_kind(kind)
-        row = await self._fetchone(
-            "execution_checkpoint_if_owned",
-            {
-                "id": claim.execution_id,
-                "owner": claim.owner,
-                "epoch": claim.epoch,
-                "kind": kind,
-                "data": Json(data),
-                "now": self._now(),
-            },
-        )
-        if row is not None:
-            return TransitionResult(True, None)
-        return await self._late_report(kind, claim, data)
 
     async def execution_checkpoint_many_if_owned(
         self, owner: str, items: Sequence[tuple[Claim, str, JSON]]

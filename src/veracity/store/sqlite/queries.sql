@@ -78,7 +78,9 @@ WHERE id IN (
   AND status IN (SELECT value FROM json_each(:from_states))
 RETURNING *
 
--- name: execution_leave_if_owned
+-- name: execution_leave
+-- A worker's exit from running (complete, fail, release) of a row execution_lock_owned
+-- returned in this transaction: the fence held, the transition table guards the status.
 UPDATE veracity_executions SET
     status = :to_status,
     result = :result,
@@ -89,28 +91,12 @@ UPDATE veracity_executions SET
     history_seq = history_seq + 1
 WHERE id = :id
   AND status IN (SELECT value FROM json_each(:from_states))
-  AND lease_owner = :owner
-  AND lease_epoch = :epoch
-  AND lease_expires_at > :now
 RETURNING *
 
-
--- name: execution_checkpoint_if_owned
-UPDATE veracity_executions SET history_seq = history_seq + 1
-WHERE id = :id
-  AND status = 'running'
-  AND lease_owner = :owner
-  AND lease_epoch = :epoch
-  AND lease_expires_at > :now
-RETURNING id, history_seq
-
--- name: lease_renew
+-- name: lease_extend
+-- The heartbeat's renewal of a lease execution_lock_owned returned in this transaction.
 UPDATE veracity_executions SET lease_expires_at = :now + :ttl_us
 WHERE id = :id
-  AND lease_epoch = :epoch
-  AND status = 'running'
-  AND lease_owner = :owner
-  AND lease_expires_at > :now
 RETURNING id, lease_epoch
 
 -- name: worker_heartbeat
@@ -182,6 +168,8 @@ VALUES (:execution_id, :seq, :kind, :now, :data)
 SELECT * FROM veracity_executions WHERE id = :id
 
 -- name: execution_lock_owned
+-- The lease fence, written once: the row, only while it runs under this owner's lease (its
+-- epoch, not expired by the transaction's clock). Every fenced write reads through it.
 SELECT * FROM veracity_executions
 WHERE id = :id
   AND status = 'running'

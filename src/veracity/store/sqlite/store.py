@@ -42,12 +42,14 @@ from veracity.models import (
 from veracity.store import _ops
 from veracity.store._common import (
     REPEATED_IN_BATCH,
+    Leave,
     RunnerLock,
     check_filter,
     check_journal_kind,
     check_new,
     claim_sources,
     late_report_event,
+    leave_batch,
     owned_sources,
     require_aware,
 )
@@ -401,89 +403,40 @@ class SqliteStore(SharedMethods):
         )
         return TransitionResult(False, row_to_execution(bumped), str(late["reason"]))
 
-    async def _leave_if_owned(
-        self,
-        claim: Claim,
-        to: Status,
-        *,
-        report: str,
-        result: JSON = None,
-        error: JSON = None,
-        event: dict[str, JSON],
-        payload: JSON,
-    ) -> TransitionResult:
-        def work(conn: sqlite3.Connection, now: int) -> TransitionResult:
-            row = conn.execute(
-                Q["execution_leave_if_owned"],
-                {
-                    "id": str(claim.execution_id),
-                    "owner": claim.owner,
-                    "epoch": claim.epoch,
-                    "to_status": str(to),
-                    "from_states": _dumps(owned_sources(to)),
-                    "result": _dumps(result) if to == Status.COMPLETED else None,
-                    "error": _dumps(error) if error is not None else None,
-                    "now": now,
-                },
-            ).fetchone()
-            if row is not None:
-                self._event(conn, row["id"], row["history_seq"], str(to), now, event)
-                return TransitionResult(True, row_to_execution(row))
-            return self._late_report(conn, now, report, claim, payload)
+    def _owned(self, conn: sqlite3.Connection, claim: Claim, now: int) -> sqlite3.Row | None:
+        """The row, if ``claim`` holds its lease (the fence: execution_lock_owned)."""
+        row: sqlite3.Row | None = conn.execute(
+            Q["execution_lock_owned"],
+            {"id": str(claim.execution_id), "owner": claim.owner, "epoch": claim.epoch,
+             "now": now},
+        ).fetchone()
+        return row
 
-        return await self._run(self._write, work)
-
-
-    async def execution_complete_many_if_owned(
-        self, owner: str, items: Sequence[tuple[Claim, JSON]]
-    ) -> list[TransitionResult]:
-        if not items:
-            return []
-        if any(claim.owner != owner for claim, _ in items):
-            raise ValueError("every claim of a batch must belong to its owner")
+    async def _leave_many_if_owned(self, owner: str, items: Sequence[Leave]
+                                   ) -> list[TransitionResult]:
+        first = {id(item) for item in leave_batch(owner, items)}
 
         def work(conn: sqlite3.Connection, now: int) -> list[TransitionResult]:
             out: list[TransitionResult] = []
-            for claim, result in items:
-                row = conn.execute(
-                    Q["execution_leave_if_owned"],
-                    {
-                        "id": str(claim.execution_id),
-                        "owner": claim.owner,
-                        "epoch": claim.epoch,
-                        "to_status": str(Status.COMPLETED),
-                        "from_states": _dumps(owned_sources(Status.COMPLETED)),
-                        "result": _dumps(result),
-                        "error": None,
+            for item in items:
+                row = None
+                if id(item) in first and self._owned(conn, item.claim, now) is not None:
+                    row = conn.execute(Q["execution_leave"], {
+                        "id": str(item.claim.execution_id),
+                        "to_status": str(item.to),
+                        "from_states": _dumps(owned_sources(item.to)),
+                        "result": _dumps(item.result) if item.to == Status.COMPLETED else None,
+                        "error": _dumps(item.error) if item.error is not None else None,
                         "now": now,
-                    },
-                ).fetchone()
+                    }).fetchone()
                 if row is None:
-                    out.append(self._late_report(conn, now, "complete", claim,
-                                                 {"result": result}))
+                    out.append(self._late_report(conn, now, item.report, item.claim,
+                                                 item.payload))
                     continue
-                self._event(conn, row["id"], row["history_seq"], "completed", now,
-                            {"owner": claim.owner, "epoch": claim.epoch})
+                self._event(conn, row["id"], row["history_seq"], str(item.to), now,
+                            item.event)
                 out.append(TransitionResult(True, row_to_execution(row)))
             return out
-
-        return await self._run(self._write, work)
-
-    async def execution_checkpoint_if_owned(
-        self, claim: Claim, kind: str, data: JSON
-    ) -> TransitionResult:
-        check_journal_kind(kind)
-
-        def work(conn: sqlite3.Connection, now: int) -> TransitionResult:
-            row = conn.execute(
-                Q["execution_checkpoint_if_owned"],
-                {"id": str(claim.execution_id), "owner": claim.owner, "epoch": claim.epoch,
-                 "now": now},
-            ).fetchone()
-            if row is None:
-                return self._late_report(conn, now, kind, claim, data)
-            self._event(conn, row["id"], row["history_seq"], kind, now, data)
-            return TransitionResult(True, None)
 
         return await self._run(self._write, work)
 
@@ -500,11 +453,9 @@ class SqliteStore(SharedMethods):
             seen: set[uuid.UUID] = set()
             for claim, kind, data in items:
                 row = None
-                if claim.execution_id not in seen:
+                if claim.execution_id not in seen and self._owned(conn, claim, now):
                     row = conn.execute(
-                        Q["execution_checkpoint_if_owned"],
-                        {"id": str(claim.execution_id), "owner": claim.owner,
-                         "epoch": claim.epoch, "now": now},
+                        Q["execution_bump_history"], {"id": str(claim.execution_id), "by": 1}
                     ).fetchone()
                 if row is None:
                     out.append(self._late_report(
@@ -528,13 +479,13 @@ class SqliteStore(SharedMethods):
             conn.execute(Q["worker_heartbeat"], {"owner": owner, "now": now})
             renewed: list[Claim] = []
             for lease in leases:
+                if lease.owner != owner or self._owned(conn, lease, now) is None:
+                    continue
                 row = conn.execute(
-                    Q["lease_renew"],
-                    {"id": str(lease.execution_id), "epoch": lease.epoch, "owner": owner,
-                     "ttl_us": ttl_us, "now": now},
+                    Q["lease_extend"],
+                    {"id": str(lease.execution_id), "ttl_us": ttl_us, "now": now},
                 ).fetchone()
-                if row is not None:
-                    renewed.append(Claim(uuid.UUID(row["id"]), owner, row["lease_epoch"]))
+                renewed.append(Claim(uuid.UUID(row["id"]), owner, row["lease_epoch"]))
             return renewed
 
         return await self._run(self._write, work)

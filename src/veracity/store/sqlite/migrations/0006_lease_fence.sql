@@ -1,0 +1,3 @@
+-- 0006: the lease fence, written once. On SQLite it is the named query
+-- execution_lock_owned (queries.sql): every fenced write reads its rows through it inside
+-- the write transaction, then writes them by id. Nothing changes in the schema.
