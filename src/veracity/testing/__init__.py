@@ -2,8 +2,8 @@
 
 :mod:`veracity.testing.fake_n8n` is a faithful fake of the parts of n8n that Veracity talks to
 (production webhooks, the public executions API, the internal session stop), with scripted runs
-and a record of ground truth. The names below are re-exported lazily, so that
-``python -m veracity.testing.fake_n8n`` does not import the module twice.
+and a record of ground truth. The names below are re-exported lazily: importing
+:mod:`veracity.testing` loads nothing of the fake (nor starlette, uvicorn) until one is used.
 """
 
 from __future__ import annotations
