@@ -38,3 +38,6 @@ def setup_logging(level: str = "info") -> None:
         lg.handlers[:] = []
         lg.propagate = True
     logging.getLogger("uvicorn.access").setLevel("WARNING")
+    # the pool logs every failed reconnection attempt; during an outage Veracity's own
+    # lines (rate-limited, with counts) say it once in a while instead
+    logging.getLogger("psycopg.pool").setLevel("ERROR")

@@ -43,6 +43,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
+METRICS_DB_WAIT = 1.0
+"""Seconds /metrics waits for the gauges it reads from the database; without an answer
+it serves the rest (and the gauges' last values)."""
+
 HEALTH_TIMEOUT = 5.0
 """Seconds ``/healthz`` waits for the database: a database that does not answer is a 503
 then, not a request left waiting for the connection pool's own timeout (30 s)."""
@@ -107,9 +111,11 @@ def create_api(
         except TimeoutError:
             return error_response(
                 503, "database_unavailable",
-                f"database check failed: no answer within {health_timeout:g} s")
+                f"database check failed: no answer within {health_timeout:g} s",
+                headers={"Retry-After": "1"})
         except Exception as exc:
-            return error_response(503, "database_unavailable", f"database check failed: {exc}")
+            return error_response(503, "database_unavailable", f"database check failed: {exc}",
+                                  headers={"Retry-After": "1"})
         return Health(status="ok", database="ok", backend=service.store.backend)
 
     metrics_registry = registry or CollectorRegistry()
@@ -122,7 +128,7 @@ def create_api(
         if service is not None and service.metrics is not None:
             # gauges read from the database, so that what the CLI did counts too
             try:
-                counts = await asyncio.wait_for(service.flag_counts(), health_timeout)
+                counts = await asyncio.wait_for(service.flag_counts(), METRICS_DB_WAIT)
             except Exception:  # metrics answer even when the database does not
                 counts = None
             if counts is not None:

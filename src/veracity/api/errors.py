@@ -1,5 +1,6 @@
 """Every error the API answers is ``{"error": {"code", "message"}}`` with a 4xx status:
-never a stack trace, and a 500 only for a bug (logged with its trace).
+never a stack trace, and a 500 only for a bug (logged with its trace). A database that does
+not answer is ``503 database_unavailable`` (with ``Retry-After``), on every route.
 
 A request body that is not JSON (bad syntax, not UTF-8) is ``422 malformed_json`` on every
 endpoint that takes one, the status of every other body that cannot be used.
@@ -8,8 +9,10 @@ endpoint that takes one, the status of every other body that cannot be used.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -101,6 +104,18 @@ def install_error_handlers(app: FastAPI) -> None:
             # a 405 must say which methods are allowed; one path may have several routes
             headers["Allow"] = ", ".join(sorted(_allowed_methods(request)))
         return error_response(exc.status_code, code, str(exc.detail), headers=headers)
+
+    @app.exception_handler(psycopg.OperationalError)
+    @app.exception_handler(sqlite3.OperationalError)
+    async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # the database did not answer (down, restarting, unreachable, a pool with no
+        # connection to give within its wait): say so at once, without a trace
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path,
+                    first, extra={"domain": "api"})
+        return error_response(503, "database_unavailable",
+                              f"the database did not answer ({first}); try again shortly",
+                              headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -45,6 +45,9 @@ from veracity.worker.context import (
 from veracity.worker.trigger import trigger
 
 log = logging.getLogger("veracity.worker")
+RETRY_CAP = 1.0
+"""The longest wait between a worker's tries of a database that does not answer: once it
+answers again the worker registers, claims and listens again within about a second."""
 EXTRA = {"domain": "worker"}
 SHUTDOWN_REASON = "worker shutting down"
 
@@ -278,7 +281,7 @@ class Worker:
             except Exception as exc:
                 self._trouble.warning("db", "database unavailable, retrying: %s", exc)
                 await self._sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, RETRY_CAP)
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake early when stopping."""
@@ -309,7 +312,7 @@ class Worker:
             except Exception as exc:
                 self._trouble.warning("db", "claim failed, retrying with backoff: %s", exc)
                 await self._sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, RETRY_CAP)
                 continue
             delay = 0.1
             now = time.monotonic()
@@ -575,7 +578,7 @@ class Worker:
                 self._trouble.warning("listen", "notifications lost, reconnecting: %s", exc)
             self._wake.set()  # something may have arrived while we were not listening
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, RETRY_CAP)
 
     async def _interrupt_loop(self) -> None:
         delay = 0.1
@@ -590,7 +593,7 @@ class Worker:
             except Exception as exc:
                 self._trouble.warning("listen", "interrupts lost, reconnecting: %s", exc)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, RETRY_CAP)
 
     # -- shutdown -------------------------------------------------------------------------
 

@@ -121,6 +121,16 @@ def _q(name: str) -> str:
     return Q[name]
 
 
+CONNECT_TIMEOUT = 5
+"""Seconds a new connection may take to open."""
+RECONNECT_WINDOW = 2.0
+"""Seconds the pool keeps retrying a lost connection by itself (with its back-off); after
+that, connections are opened on demand, so recovery never waits on a long back-off."""
+POOL_WAIT = 3.0
+"""Seconds a statement waits for a free connection before failing (a database outage is
+then answered within 5 s)."""
+
+
 class PostgresStore(SharedMethods):
     backend = "postgresql"
     supports_notifications = True
@@ -147,9 +157,17 @@ class PostgresStore(SharedMethods):
             min_size=1,
             max_size=max(1, pool_size),
             open=False,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            kwargs={"autocommit": True, "row_factory": dict_row,
+                    "connect_timeout": CONNECT_TIMEOUT},
             configure=configure,
             name="veracity",
+            # After an outage the pool must not sit out a long back-off while the database
+            # is back: it gives up reconnecting a lost connection after a short window,
+            # and the next request opens a new one at once (docs/operations.md).
+            reconnect_timeout=RECONNECT_WINDOW,
+            # A request waits this long for a connection; during an outage it is answered
+            # 503 database_unavailable instead of hanging.
+            timeout=POOL_WAIT,
         )
         await pool.open(wait=True, timeout=15)
         return cls(url, pool, clock)
