@@ -397,3 +397,79 @@ async def worker_registered(w: WorkerProcess) -> str:
     found = await wait_until(registered, 15, what=f"{w.name} to register", describe=w.describe)
     assert found is not None
     return found
+
+
+def _drip(port: int, data: bytes) -> socket.socket:
+    """A client that opens a connection and sends only part of a request."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(data)
+    return sock
+
+
+def _closed_by_server(sock: socket.socket, within: float) -> bool:
+    sock.settimeout(within)
+    try:
+        return sock.recv(1024) == b""  # the server closed it without an answer
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_slow_clients_are_cut_off_and_connections_are_bounded(tmp_path: Path) -> None:
+    """Dripping headers or a body, or sending nothing at all, does not hold a connection
+    past server.read_timeout; connections beyond server.max_connections are answered 503
+    at once; a normal request is served meanwhile (docs/operations.md)."""
+    port = free_port()
+    env = server_env(f"sqlite:///{tmp_path}/v.db", port, VERACITY_READ_TIMEOUT="1",
+                     VERACITY_MAX_CONNECTIONS="8")
+    with server_process(tmp_path, env, port, ["--no-worker"]) as server:
+        server.wait_healthy()
+        silent = _drip(port, b"")
+        headers = _drip(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        body = _drip(port, b"POST /v1/executions HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            assert client.get("/healthz").status_code == 200  # served meanwhile
+        for sock in (silent, headers, body):
+            assert _closed_by_server(sock, 5), "a slow client kept its connection"
+            sock.close()
+        # beyond the bound: answered 503 at once, while the held ones are cut off later
+        held = [_drip(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n") for _ in range(8)]
+        try:
+            with httpx.Client(base_url=server.url, timeout=5) as client:
+                response = client.get("/healthz")
+            assert response.status_code == 503
+        finally:
+            for sock in held:
+                sock.close()
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            assert wait_for_status(client, "/healthz", 200)
+        assert any("did not arrive within 1 s" in line.get("message", "")
+                   for line in server.log_lines())
+
+
+def wait_for_status(client: httpx.Client, path: str, status: int, timeout: float = 5) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.get(path).status_code == status:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize(("var", "value"), [
+    ("VERACITY_READ_TIMEOUT", "0"), ("VERACITY_READ_TIMEOUT", "2h"),
+    ("VERACITY_READ_TIMEOUT", "soon"), ("VERACITY_MAX_CONNECTIONS", "0"),
+    ("VERACITY_MAX_CONNECTIONS", "1000001"),
+])
+def test_connection_settings_out_of_range_stop_the_server(
+    tmp_path: Path, var: str, value: str
+) -> None:
+    port = free_port()
+    env = server_env(f"sqlite:///{tmp_path}/v.db", port, **{var: value})
+    result = subprocess.run([VERACITY, "server"], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode != 0
+    assert var in result.stderr, result.stderr
+    assert not (tmp_path / "v.db").exists()  # nothing written

@@ -38,6 +38,7 @@ __all__ = [
     "ENV_VARS",
     "ReconcilerSettings",
     "RecoverySettings",
+    "ServerSettings",
     "Settings",
     "WorkerSettings",
     "describe",
@@ -63,6 +64,8 @@ ENV_VARS: dict[str, str] = {
     "worker.poll_interval": "VERACITY_POLL_INTERVAL",
     "worker.shutdown_grace": "VERACITY_SHUTDOWN_GRACE",
     "worker.notifications": "VERACITY_WORKER_NOTIFICATIONS",
+    "server.read_timeout": "VERACITY_READ_TIMEOUT",
+    "server.max_connections": "VERACITY_MAX_CONNECTIONS",
     "recovery.interval": "VERACITY_RECOVERY_INTERVAL",
     "recovery.max_attempts": "VERACITY_MAX_ATTEMPTS",
     "reconciler.interval": "VERACITY_RECONCILER_INTERVAL",
@@ -171,6 +174,16 @@ class WorkerSettings(_Model):
         return self.heartbeat_interval or self.lease_ttl / 4
 
 
+class ServerSettings(_Model):
+    """How ``veracity server`` treats its HTTP connections (docs/operations.md)."""
+
+    # A request whose headers and body have not all arrived this long after it began (or
+    # after the connection opened) is cut off: slow clients cannot hold connections.
+    read_timeout: Duration = Field(default=30.0, ge=1, le=3600)
+    # Connections (and requests in flight) beyond this are answered 503 at once.
+    max_connections: int = Field(default=1000, ge=1, le=100_000)
+
+
 class RecoverySettings(_Model):
     """The service that recovers executions whose lease expired."""
 
@@ -201,6 +214,7 @@ class Settings(_Model):
     max_payload_bytes: int = Field(default=1048576, ge=1024)
     log_level: Annotated[LogLevel, BeforeValidator(_lowercase)] = "info"
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     public_url: str | None = None
@@ -232,6 +246,7 @@ _DURATION_KEYS = {
     "worker.lease_ttl",
     "worker.poll_interval",
     "worker.shutdown_grace",
+    "server.read_timeout",
     "recovery.interval",
     "reconciler.interval",
     "reconciler.engine_timeout",

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from veracity.api import create_api
+from veracity.api.transport import protocol_with
 from veracity.app import App
 from veracity.config import Settings
 from veracity.control import ServiceMetrics
@@ -121,6 +122,8 @@ async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:
         log_config=None,
         lifespan="on",
         timeout_graceful_shutdown=30,
+        http=protocol_with(settings.server.read_timeout),
+        limit_concurrency=settings.server.max_connections,
     )
     server = _Server(config)
     task = asyncio.create_task(server.serve())
