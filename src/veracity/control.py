@@ -309,13 +309,24 @@ class ExecutionService:
     async def history(
         self, execution_id: str | uuid.UUID, *, after_seq: int = 0, limit: int = 1000
     ) -> list[HistoryEvent]:
+        events, _ = await self.history_page(execution_id, after_seq=after_seq, limit=limit)
+        return events
+
+    async def history_page(
+        self, execution_id: str | uuid.UUID, *, after_seq: int = 0, limit: int = 1000
+    ) -> tuple[list[HistoryEvent], int | None]:
+        """Up to ``limit`` events after ``after_seq``, and the seq to continue after (None
+        on the last page)."""
         execution = await self.get(execution_id)
         if not 1 <= limit <= MAX_HISTORY_LIMIT:
             raise InvalidInput(f"limit must be between 1 and {MAX_HISTORY_LIMIT}",
                                code="invalid_limit")
         if after_seq < 0:
             raise InvalidInput("after_seq must be 0 or more", code="invalid_after_seq")
-        return await self.store.history_list(execution.id, after_seq=after_seq, limit=limit)
+        events = await self.store.history_list(execution.id, after_seq=after_seq,
+                                               limit=limit + 1)
+        page = events[:limit]
+        return page, (page[-1].seq if len(events) > limit else None)
 
     # -- operator requests -------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from veracity.api.errors import error_response, install_error_handlers
 from veracity.api.limits import BodySizeLimit
 from veracity.api.schemas import (
+    LIST_VALUE_BYTES,
     CompleteRequest,
     ErrorOut,
     ExecutionOut,
@@ -181,7 +182,8 @@ def create_api(
             cursor=cursor,
         )
         return ExecutionPage(
-            items=[ExecutionOut.of(e, page.waiting.get(e.id)) for e in page.items],
+            items=[ExecutionOut.of(e, page.waiting.get(e.id), elide_over=LIST_VALUE_BYTES)
+                   for e in page.items],
             next_cursor=page.next_cursor,
         )
 
@@ -304,11 +306,9 @@ def create_api(
                 raise BadRequest("cursor must be a next_cursor value from this endpoint",
                                  code="invalid_cursor")
             after_seq = int(cursor)
-        events = await service.history(execution_id, after_seq=after_seq, limit=limit + 1)
-        page = events[:limit]
-        return HistoryPage(
-            items=[HistoryItem.of(e) for e in page],
-            next_cursor=str(page[-1].seq) if len(events) > limit else None,
-        )
+        page, after = await service.history_page(execution_id, after_seq=after_seq,
+                                                 limit=limit)
+        return HistoryPage(items=[HistoryItem.of(e) for e in page],
+                           next_cursor=str(after) if after is not None else None)
 
     return app

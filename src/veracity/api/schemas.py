@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -10,6 +11,9 @@ from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Fiel
 from veracity.control import WorkerView
 from veracity.core.states import Status
 from veracity.models import Execution, HistoryEvent
+
+LIST_VALUE_BYTES = 1024
+"""A list item leaves out params, result and error larger than this (see ``elided``)."""
 
 
 def _time_text(value: Any) -> Any:
@@ -82,7 +86,8 @@ class MessageOut(BaseModel):
 class ExecutionOut(BaseModel):
     id: str
     ffqn: str
-    params: list[Any]
+    params: list[Any] | None = Field(
+        description="The parameters; null only in a list item that left them out (elided)")
     status: Status
     result: Any
     error: Any
@@ -114,16 +119,34 @@ class ExecutionOut(BaseModel):
     waiting_reason: str | None = Field(
         default=None, description="Why a pending execution is not being run (if known)"
     )
+    elided: dict[str, int] | None = Field(
+        default=None,
+        description="In list items only: the values left out because they are larger than "
+                    f"{LIST_VALUE_BYTES} bytes (params, result, error), each with its size "
+                    "in bytes; GET the execution for them. Absent when nothing was left out.")
 
     @classmethod
-    def of(cls, e: Execution, waiting_reason: str | None = None) -> ExecutionOut:
+    def of(cls, e: Execution, waiting_reason: str | None = None, *,
+           elide_over: int | None = None) -> ExecutionOut:
+        """``elide_over``: leave out params, result and error larger than this many bytes
+        (list items: a page's size stays bounded whatever its executions hold)."""
+        values = {"params": e.params, "result": e.result, "error": e.error}
+        elided: dict[str, int] = {}
+        if elide_over is not None:
+            for name, value in values.items():
+                size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+                           .encode())
+                if size > elide_over:
+                    elided[name] = size
+                    values[name] = None
         return cls(
             id=str(e.id),
             ffqn=e.ffqn,
-            params=e.params,
+            params=values["params"],
             status=e.status,
-            result=e.result,
-            error=e.error,
+            result=values["result"],
+            error=values["error"],
+            elided=elided or None,
             attempt=e.attempt,
             deployment_id=e.deployment_id,
             parent_id=str(e.parent_id) if e.parent_id else None,
