@@ -473,3 +473,19 @@ def test_connection_settings_out_of_range_stop_the_server(
     assert result.returncode != 0
     assert var in result.stderr, result.stderr
     assert not (tmp_path / "v.db").exists()  # nothing written
+
+
+def test_a_second_server_on_one_sqlite_file_refuses_to_start(tmp_path: Path) -> None:
+    first_port, second_port = free_port(), free_port()
+    url = f"sqlite:///{tmp_path}/v.db"
+    with server_process(tmp_path, server_env(url, first_port), first_port,
+                        ["--no-worker"]) as first:
+        first.wait_healthy()
+        result = subprocess.run([VERACITY, "server"], env=server_env(url, second_port),
+                                cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert result.returncode == 1, result.stderr
+        assert (f"error: another veracity server (pid {first.proc.pid}) is already serving "
+                f"{tmp_path}/v.db") in result.stderr
+        assert port_is_free(second_port)
+        with httpx.Client(timeout=5) as client:
+            assert client.get(f"{first.url}/healthz").status_code == 200

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -98,6 +100,10 @@ def load_app(spec: str) -> App:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"app {spec!r}: expected 'module:attribute'")
+    # as uvicorn and celery do: the app's module is found in the current folder
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module may fail in any way while importing

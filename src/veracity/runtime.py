@@ -58,14 +58,16 @@ def deployment_id_for(settings: Settings, app: App | None) -> str:
 
 
 async def open_runtime(settings: Settings, *, migrate: bool = False,
-                       engines: bool = False) -> Runtime:
+                       engines: bool = False, read_only: bool = False) -> Runtime:
     """Open the store and build the service. ``engines``: also build the engines'
     adapters, so that the service can ask an engine about a delegated run (resolve,
-    cancel); the runtime closes them."""
+    cancel); the runtime closes them. ``read_only``: for commands that only read: the
+    engines are not configured (their secrets are not needed), and a database that does
+    not exist yet is an error instead of being created."""
     app = load_user_app(settings)
-    external = parse_external(settings)
+    external = ExternalConfig(None, {}, {}) if read_only else parse_external(settings)
     adapters = build_engines(external) if engines else {}
-    store = await open_store(settings.database_url)
+    store = await open_store(settings.database_url, create=not read_only)
     try:
         if migrate:
             await store.migrate()

@@ -7,7 +7,9 @@ stops accepting connections, finishes in-flight requests, and the store is close
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Generator
@@ -22,6 +24,7 @@ from veracity.api.transport import protocol_with
 from veracity.app import App
 from veracity.config import Settings
 from veracity.control import ServiceMetrics
+from veracity.errors import ConfigError
 from veracity.maintenance._loop import run_forever
 from veracity.maintenance.reconciler import ReconcilerMetrics, ReconcilerService
 from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
@@ -140,7 +143,41 @@ async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:
     return 0 if server.started else 1
 
 
+def one_server_per_sqlite_file(settings: Settings) -> int | None:
+    """On SQLite, hold an exclusive lock beside the database for the server's life: a
+    second ``veracity server`` on the same file refuses to start instead of competing
+    (workers may share the file; a server runs the background services). Returns the
+    descriptor that holds the lock (kept open), None for PostgreSQL; raises ConfigError
+    when another server holds it."""
+    if not settings.database_url.startswith("sqlite:///"):
+        return None
+    from veracity.store.sqlite.store import path_from_url
+
+    path = path_from_url(settings.database_url)
+    lock = path.with_name(f"{path.name}.server.lock")
+    if not lock.parent.is_dir():
+        return None  # the store names the missing folder itself
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ConfigError(
+            f"another veracity server (pid {holder}) is already serving {path}: an SQLite "
+            "database has one server (workers may share it); stop that one, or use "
+            "PostgreSQL to run several servers") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 def run_server(settings: Settings, *, with_worker: bool | None = None) -> int:
+    try:
+        one_server_per_sqlite_file(settings)  # held until the process ends
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         return asyncio.run(serve(settings, with_worker=with_worker))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down

@@ -21,6 +21,7 @@ from fastapi.routing import APIRoute
 from tests.api.conftest import MAX_PAYLOAD, count_executions, stable
 from veracity.api import create_api
 from veracity.control import ExecutionService
+from veracity.models import ExecutionFilter
 from veracity.store import Store
 
 ORDERS = "shop:orders/process.run"
@@ -565,3 +566,29 @@ async def test_405_says_which_methods_are_allowed(client: httpx.AsyncClient) -> 
     assert_error(response, 405, "method_not_allowed")
     allowed = {m.strip() for m in response.headers.get("allow", "").split(",")}
     assert {"GET", "POST"} <= allowed, dict(response.headers)
+
+
+async def test_a_json_body_without_a_content_type_is_taken_as_json(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.post("/v1/executions", content=json.dumps(
+        {"ffqn": "shop:mail/send.run", "params": ["a", "b"]}).encode())
+    assert response.status_code == 201, response.text
+
+
+@pytest.mark.parametrize("content_type", [
+    "application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"])
+async def test_a_body_declared_as_not_json_is_415_with_a_hint(
+    client: httpx.AsyncClient, store: Store, seeded: dict[str, Any], content_type: str
+) -> None:
+    """``curl -d`` sends form encoding; a browser's cross-site form or text/plain post is not
+    taken either. Nothing is written."""
+    before = await store.execution_list(ExecutionFilter(), limit=100)
+    for path in ("/v1/executions", f"/v1/executions/{seeded['id']}/messages"):
+        response = await client.post(path, content=b'{"ffqn": "shop:mail/send.run"}',
+                                     headers={"content-type": content_type})
+        assert response.status_code == 415, response.text
+        error = response.json()["error"]
+        assert error["code"] == "unsupported_media_type"
+        assert "-H 'content-type: application/json'" in error["message"]
+    assert await store.execution_list(ExecutionFilter(), limit=100) == before

@@ -354,3 +354,63 @@ def test_help_lists_the_commands(tmp_path: Path) -> None:
     for command in ("server", "migrate", "submit", "get", "list", "history"):
         assert re.search(rf"^\s+{command}\b", out, re.MULTILINE), out
     assert not (tmp_path / "x.db").exists()
+
+
+def test_read_commands_never_create_a_database(tmp_path: Path) -> None:
+    """In a folder with no database, the read commands say so and create nothing."""
+    env = base_env("sqlite:///./veracity.db")
+    eid = str(uuid.uuid4())
+    results = run_all({name: (args, env, tmp_path) for name, args in {
+        "list": ["list"], "get": ["get", eid], "history": ["history", eid],
+        "workers": ["workers"], "flagged": ["list", "--flagged"],
+    }.items()})
+    for result in results.values():
+        assert_failure(result, "no Veracity database at veracity.db",
+                       "run `veracity migrate` or set database_url")
+    assert list(tmp_path.iterdir()) == []
+    # an empty file is not a Veracity database either, and stays as it was
+    (tmp_path / "veracity.db").write_bytes(b"")
+    assert_failure(run(["list"], env, tmp_path), "holds no Veracity database")
+    assert (tmp_path / "veracity.db").read_bytes() == b""
+
+
+def test_read_commands_need_no_engine_secrets(database_url: str, tmp_path: Path) -> None:
+    """A configuration with an engine whose API key variable is not set: the commands that
+    only read work; one that may ask the engine says what is missing."""
+    config = tmp_path / "veracity.toml"
+    config.write_text('public_url = "http://127.0.0.1:9"\n[engines.n8n]\n'
+                      'base_url = "http://127.0.0.1:9"\napi_key_env = "N8N_KEY_NOT_SET"\n')
+    env = {**base_env(database_url), "VERACITY_CONFIG": str(config)}
+    env.pop("N8N_KEY_NOT_SET", None)
+    ok(run(["migrate"], env, tmp_path))
+    for args in (["list"], ["workers"], ["list", "--flagged"]):
+        ok(run(args, env, tmp_path))
+    assert_failure(run(["cancel", str(uuid.uuid4())], env, tmp_path),
+                   "api_key_env N8N_KEY_NOT_SET is not set")
+
+
+def test_the_app_module_is_found_in_the_current_folder(tmp_path: Path) -> None:
+    """As uvicorn and celery do: VERACITY_APP names a module in the current folder, with
+    no PYTHONPATH."""
+    (tmp_path / "myflows.py").write_text(
+        "from veracity import App, Context\n\napp = App()\n\n\n"
+        "@app.workflow('mine:flows/hello.run')\n"
+        "async def hello(ctx: Context, name: str) -> str:\n    return 'hi ' + name\n")
+    env = {**base_env(f"sqlite:///{tmp_path}/v.db"), "VERACITY_APP": "myflows:app"}
+    env.pop("PYTHONPATH", None)
+    ok(run(["migrate"], env, tmp_path))
+    out = ok(run(["submit", "mine:flows/hello.run", '"ada"'], env, tmp_path))
+    assert out.startswith("submitted: ")
+
+
+def test_history_full_and_an_empty_flagged_list(database_url: str, tmp_path: Path) -> None:
+    env = base_env(database_url)
+    ok(run(["migrate"], env, tmp_path))
+    long_text = "word " * 60
+    out = ok(run(["submit", MAIL, json.dumps(long_text.strip()), '"hi"'], env, tmp_path))
+    eid = out.split()[1]
+    short_table = ok(run(["history", eid], env, tmp_path))
+    assert long_text.strip() not in short_table  # shortened in the table
+    whole = ok(run(["history", eid, "--full"], env, tmp_path))
+    assert long_text.strip() in whole and whole.startswith("1  ")
+    assert ok(run(["list", "--flagged"], env, tmp_path)).strip() == "nothing flagged"

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from veracity.api.errors import error_response, install_error_handlers
-from veracity.api.limits import BodySizeLimit
+from veracity.api.limits import BodySizeLimit, JsonBodies
 from veracity.api.schemas import (
     LIST_VALUE_BYTES,
     CompleteRequest,
@@ -104,6 +104,7 @@ def create_api(
         app.state.service = service
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=max_payload_bytes)
+    app.add_middleware(JsonBodies)
 
     @app.get("/healthz", response_model=Health, responses={503: {"model": ErrorOut}})
     async def healthz(service: Service) -> Health | JSONResponse:

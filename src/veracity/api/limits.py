@@ -78,3 +78,38 @@ class BodySizeLimit:
                         (b"content-length", str(len(body)).encode())],
         })
         await send({"type": "http.response.body", "body": body})
+
+
+class JsonBodies:
+    """Bodies under ``/v1`` are JSON. One sent without a Content-Type is taken as JSON; one
+    declared as anything else (``curl -d`` sends form encoding, for instance) is answered
+    ``415 unsupported_media_type`` saying what to send. (Accepting text/plain or form
+    bodies would let any web page a browser visits post to the API.)"""
+
+    METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["method"] not in self.METHODS
+                or not scope["path"].startswith("/v1/")):
+            await self.app(scope, receive, send)
+            return
+        headers = list(scope.get("headers", ()))
+        declared = next((v for k, v in headers if k == b"content-type"), None)
+        if declared is None:
+            scope = dict(scope, headers=[*headers, (b"content-type", b"application/json")])
+        else:
+            media = declared.split(b";", 1)[0].strip().lower()
+            if media != b"application/json" and not media.endswith(b"+json"):
+                length = next((v for k, v in headers if k == b"content-length"), None)
+                chunked = any(k == b"transfer-encoding" for k, _ in headers)
+                if chunked or (length is not None and length.strip() not in (b"0", b"")):
+                    await BodySizeLimit._reply(
+                        send, 415, "unsupported_media_type",
+                        f"the body must be JSON, sent as Content-Type: application/json "
+                        f"(got {declared.decode(errors='replace')[:100]}); with curl, add "
+                        "-H 'content-type: application/json'")
+                    return
+        await self.app(scope, receive, send)

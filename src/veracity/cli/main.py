@@ -88,8 +88,10 @@ def settings_from(config_path: str | None, **overrides: Any) -> Settings:
 
 
 async def with_runtime(settings: Settings, fn: Callable[[Runtime], Awaitable[T]], *,
-                       engines: bool = False) -> T:
-    runtime = await open_runtime(settings, engines=engines)
+                       engines: bool = False, read_only: bool = False) -> T:
+    """``read_only``: a command that only reads needs neither the engines' secrets nor a
+    database it would have to create: a missing SQLite file is an error, never created."""
+    runtime = await open_runtime(settings, engines=engines, read_only=read_only)
     try:
         return await fn(runtime)
     finally:
@@ -193,7 +195,8 @@ def workers(config_path: str | None, database_url: str | None, app: str | None, 
             limit: int) -> None:
     """List registered workers, newest first."""
     settings = settings_from(config_path, database_url=database_url, app=app)
-    views = run(with_runtime(settings, lambda rt: rt.service.workers(limit=limit)))
+    views = run(with_runtime(settings, lambda rt: rt.service.workers(limit=limit),
+                             read_only=True))
     if as_json:
         print_json({"items": [WorkerOut.of(v).model_dump(mode="json") for v in views],
                     "next_cursor": None})
@@ -295,7 +298,8 @@ def get(config_path: str | None, database_url: str | None, app: str | None, as_j
         execution_id: str) -> None:
     """Show one execution."""
     settings = settings_from(config_path, database_url=database_url, app=app)
-    execution = run(with_runtime(settings, lambda rt: rt.service.get(execution_id)))
+    execution = run(with_runtime(settings, lambda rt: rt.service.get(execution_id),
+                                 read_only=True))
     if as_json:
         print_json(execution_json(execution))
     else:
@@ -329,10 +333,14 @@ def list_(config_path: str | None, database_url: str | None, app: str | None, as
         flagged=True if flagged else None,
     )
     page = run(with_runtime(settings, lambda rt: rt.service.page(filt, limit=limit,
-                                                                 cursor=cursor)))
+                                                                 cursor=cursor),
+                            read_only=True))
     if as_json:
         print_json({"items": [execution_json(e, page.waiting.get(e.id)) for e in page.items],
                     "next_cursor": page.next_cursor})
+        return
+    if not page.items:
+        click.echo("nothing flagged" if flagged else "no executions")
         return
     print_table(
         ["id", "ffqn", "status", "attempt", "created at", "note"],
@@ -349,14 +357,21 @@ def list_(config_path: str | None, database_url: str | None, app: str | None, as
 @json_option
 @click.argument("execution_id")
 @click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--full", is_flag=True, help="Show each event's data whole (not shortened).")
 def history(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
-            execution_id: str, limit: int) -> None:
+            execution_id: str, limit: int, full: bool) -> None:
     """Show an execution's history, oldest first."""
     settings = settings_from(config_path, database_url=database_url, app=app)
     events = run(with_runtime(settings, lambda rt: rt.service.history(execution_id,
-                                                                      limit=limit)))
+                                                                      limit=limit),
+                              read_only=True))
     if as_json:
         print_json({"items": [event_json(ev) for ev in events], "next_cursor": None})
+        return
+    if full:
+        for ev in events:
+            click.echo(f"{ev.seq}  {fmt_time(ev.at)}  {ev.kind}")
+            click.echo(json.dumps(ev.data, indent=2, ensure_ascii=False, sort_keys=True))
         return
     print_table(["seq", "at", "kind", "data"],
                 [[str(ev.seq), fmt_time(ev.at), ev.kind, short(ev.data, 90)] for ev in events])

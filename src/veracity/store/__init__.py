@@ -11,8 +11,13 @@ from veracity.store.protocol import Store
 __all__ = ["RunnerLock", "Store", "open_store", "token_hash"]
 
 
-async def open_store(url: str, *, clock: Clock | None = None, pool_size: int = 10) -> Store:
-    """Open the store a database URL names: ``postgresql://...`` or ``sqlite:///path``."""
+async def open_store(url: str, *, clock: Clock | None = None, pool_size: int = 10,
+                     create: bool = True) -> Store:
+    """Open the store a database URL names: ``postgresql://...`` or ``sqlite:///path``.
+
+    ``create=False``: an SQLite file that does not exist, or holds no Veracity database, is
+    a :class:`ConfigError` (saying to migrate or to set database_url) instead of being
+    created empty."""
     clock = clock or DatabaseClock()
     if url.startswith(("postgresql://", "postgres://")):
         from veracity.store.postgres import PostgresStore
@@ -21,7 +26,7 @@ async def open_store(url: str, *, clock: Clock | None = None, pool_size: int = 1
     if url.startswith("sqlite:///"):
         from veracity.store.sqlite import SqliteStore
 
-        return await SqliteStore.open(url, clock=clock)
+        return await SqliteStore.open(url, clock=clock, create=create)
     raise ConfigError(
         f"database_url {url!r} is not supported: use postgresql://... or sqlite:///path"
     )

@@ -10,6 +10,7 @@ threads or processes on the same file) queue behind the lock instead of interlea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import logging
@@ -23,9 +24,11 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from veracity.clock import Clock
 from veracity.core.states import Status
+from veracity.errors import ConfigError
 from veracity.models import (
     JSON,
     Claim,
@@ -157,6 +160,23 @@ def path_from_url(url: str) -> Path:
     return Path(url[len(prefix) :])
 
 
+
+def _require_database(path: Path) -> None:
+    """A Veracity database at ``path``, or a ConfigError saying what to do: never create
+    one where a command only meant to read."""
+    hint = "run `veracity migrate` or set database_url"
+    if not path.is_file():
+        raise ConfigError(f"no Veracity database at {path}; {hint}")
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{quote(str(path))}?mode=ro",
+                                                   uri=True)) as conn:
+            found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                                 "AND name = 'veracity_executions'").fetchone()
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{path} is not a Veracity database ({exc}); {hint}") from None
+    if found is None:
+        raise ConfigError(f"{path} holds no Veracity database; {hint}")
+
 class SqliteStore(SharedMethods):
     backend = "sqlite"
     supports_notifications = False
@@ -168,8 +188,11 @@ class SqliteStore(SharedMethods):
         self._conn: sqlite3.Connection | None = None
 
     @classmethod
-    async def open(cls, url: str, *, clock: Clock) -> SqliteStore:
-        store = cls(path_from_url(url), clock)
+    async def open(cls, url: str, *, clock: Clock, create: bool = True) -> SqliteStore:
+        path = path_from_url(url)
+        if not create:
+            _require_database(path)
+        store = cls(path, clock)
         try:
             await store._run(store._connect)
         except BaseException:
