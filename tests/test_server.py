@@ -4,6 +4,7 @@ the API over real HTTP, logs JSON, and stops cleanly (exit 0) on SIGTERM and SIG
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -489,3 +490,47 @@ def test_a_second_server_on_one_sqlite_file_refuses_to_start(tmp_path: Path) -> 
         assert port_is_free(second_port)
         with httpx.Client(timeout=5) as client:
             assert client.get(f"{first.url}/healthz").status_code == 200
+
+
+def test_sqlite_in_process_worker_learns_of_requests_and_new_work_at_once(
+    tmp_path: Path,
+) -> None:
+    """On SQLite there are no notifications: the server's own worker hears of a pause or a
+    cancel from the API in its own process (not at its next heartbeat, 60 s here), and of
+    work it made claimable itself (children, a parent woken by its child) without waiting
+    for its next poll (30 s here)."""
+    database_url = f"sqlite:///{tmp_path}/embedded.db"
+    port = free_port()
+    slow = {"VERACITY_LEASE_TTL": "240", "VERACITY_HEARTBEAT_INTERVAL": "60",
+            "VERACITY_POLL_INTERVAL": "30"}
+    with server_process(tmp_path, app_env(database_url, port, **slow), port) as server:
+        server.wait_healthy()
+        with httpx.Client(base_url=server.url, timeout=5.0) as client:
+            def status(ident: str) -> str:
+                return str(client.get(f"/v1/executions/{ident}").json()["status"])
+
+            def submitted(ffqn: str, params: list[Any]) -> str:
+                response = client.post("/v1/executions", json={"ffqn": ffqn,
+                                                               "params": params})
+                assert response.status_code == 201, response.text
+                return str(response.json()["id"])
+
+            # a parent whose children run and wake it: several hops, each claimed at once
+            parent = submitted("test:parent/run.fn", [[1, 2, 3]])
+            wait_for(lambda: status(parent) == "completed", 15, "the parent to complete",
+                     server.stderr)
+            called = submitted("test:call/run.fn", ["x"])
+            wait_for(lambda: status(called) == "completed", 15, "the caller to complete",
+                     server.stderr)
+
+            ticking = [submitted("test:ticker/tick.run-cancellable", [100_000])
+                       for _ in range(2)]
+            for ident in ticking:
+                wait_for(functools.partial(lambda i: status(i) == "running", ident), 15,
+                         "a run", server.stderr)
+            assert client.put(f"/v1/executions/{ticking[0]}/pause").status_code == 200
+            assert client.put(f"/v1/executions/{ticking[1]}/cancel").status_code == 200
+            wait_for(lambda: status(ticking[0]) == "paused", 15, "the pause to park",
+                     server.stderr)
+            wait_for(lambda: status(ticking[1]) == "cancelled", 15, "the cancel to stop it",
+                     server.stderr)

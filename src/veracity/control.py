@@ -183,6 +183,7 @@ class ExecutionService:
         max_payload_bytes: int = 1_048_576,
         live_within: timedelta = timedelta(seconds=120),
         on_submitted: Callable[[], None] | None = None,
+        on_interrupt: Callable[[uuid.UUID], None] | None = None,
         looker: Looker | None = None,
         metrics: ServiceMetrics | None = None,
     ) -> None:
@@ -196,6 +197,9 @@ class ExecutionService:
         self.max_payload_bytes = max_payload_bytes
         self.live_within = live_within
         self.on_submitted = on_submitted
+        self.on_interrupt = on_interrupt
+        """Told when a running execution was asked to cancel or pause (an in-process worker
+        acts at its next step instead of at its next heartbeat)."""
 
     def _check_workflow(self, ffqn: str) -> None:
         try:
@@ -355,6 +359,8 @@ class ExecutionService:
             )
         result = await self.store.execution_cancel(execution.id, actor=actor)
         cancelled = self._found(execution.id, result)
+        if result.changed and self.on_interrupt is not None:
+            self.on_interrupt(execution.id)
         if (cancelled.status == Status.RUNNING and cancelled.engine is not None
                 and cancelled.external_execution_id is not None):
             # a delegated run ends only once its engine confirms the stop: ask it now
@@ -367,7 +373,10 @@ class ExecutionService:
                     ) -> tuple[Execution, bool]:
         ident = await self._ident(execution_id)
         result = await self.store.execution_pause(ident, actor=actor)
-        return self._found(ident, result), result.changed
+        paused = self._found(ident, result)
+        if result.changed and paused.status == Status.RUNNING and self.on_interrupt is not None:
+            self.on_interrupt(ident)
+        return paused, result.changed
 
     async def unpause(self, execution_id: str | uuid.UUID, *, actor: str | None = None
                       ) -> tuple[Execution, bool]:

@@ -91,6 +91,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
                             deployment_id=runtime.deployment_id, external=runtime.external,
                             engines=engines)
             runtime.service.on_submitted = worker.wake
+            runtime.service.on_interrupt = worker.interrupted
             tasks.append(asyncio.create_task(worker.run(), name="veracity-worker"))
         log.info(
             "started",

@@ -271,6 +271,40 @@ async def test_kill9_mid_steps_recovered_from_checkpoints(
     assert await b.wait(10) == 0, b.describe()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+async def test_workers_recover_a_killed_worker_s_executions_without_a_server(
+    database_url: str, store: Store, procs: Processes, tmp_path: Path
+) -> None:
+    """Lease recovery runs in every worker (one runner at a time, by its lock): with no
+    server anywhere, a worker recovers the executions of a worker killed with -9."""
+    marks = tmp_path / "marks.txt"
+    fast_recovery = {"VERACITY_RECOVERY_INTERVAL": "0.3"}
+    a = procs.worker(database_url, "A", env=fast_recovery)
+    (a_id,) = await registered(a)
+    ids = await submit(store, STEPS, [str(marks), 4, 0.2], n=4)
+    await wait_until(lambda: sum(mark_counts(marks).values()) >= 2, 15,
+                     what="some steps to run", describe=a.describe)
+    a.kill9()
+    b = procs.worker(database_url, "B", env=fast_recovery)
+    c = procs.worker(database_url, "C", env=fast_recovery)
+    await registered(b, c)
+
+    await wait_until(functools.partial(all_status, store, ids, Status.COMPLETED), 30,
+                     what="every execution completed", describe=procs.describe)
+    recovered = 0
+    for ident in ids:
+        events = await history(store, ident)
+        expired = [ev for ev in events if ev.data and ev.data.get("reason") == "lease expired"]
+        recovered += len(expired)
+        assert all(ev.data["owner"] == a_id for ev in expired), events
+        assert [ev.kind for ev in events].count("completed") == 1
+    assert recovered >= 1, "nothing was recovered from the killed worker"
+    for w in (b, c):
+        w.terminate()
+        assert await w.wait(10) == 0, w.describe()
+
+
 # -- 3. a stalled worker ----------------------------------------------------------------------
 
 

@@ -11,6 +11,8 @@ from veracity.adapters.config import parse_external
 from veracity.app import App
 from veracity.config import Settings
 from veracity.errors import ConfigError
+from veracity.maintenance._loop import run_forever
+from veracity.maintenance.recovery import RecoveryService
 from veracity.runtime import deployment_id_for, load_user_app, redact_url
 from veracity.store import Store, open_store
 from veracity.worker.runner import RateLimitedLog, Worker
@@ -36,7 +38,7 @@ async def open_store_patiently(settings: Settings, stop: asyncio.Event) -> Store
                 await asyncio.wait_for(stop.wait(), timeout=delay)
             except TimeoutError:
                 pass
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, 1.0)
     return None
 
 
@@ -74,7 +76,16 @@ async def run_worker(settings: Settings) -> int:
             return 0
         print(f"Veracity worker {worker.id} running {len(worker.ffqns)} workflows "
               f"on {redact_url(settings.database_url)}", flush=True)
-        await worker.run()
+        # lease recovery runs in every worker too (one runner at a time across all
+        # processes, by its lock): workers with no live server still recover
+        recovery = RecoveryService(store, max_attempts=settings.recovery.max_attempts)
+        recovering = asyncio.create_task(
+            run_forever(recovery, settings.recovery.interval, stop), name="veracity-recovery")
+        try:
+            await worker.run()
+        finally:
+            stop.set()
+            await recovering
     finally:
         await close_engines(engines)
         await store.close()

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from veracity.adapters.base import Engine
 from veracity.adapters.config import ExternalConfig
@@ -191,6 +191,36 @@ class Checkpointer(Batcher):
         return await self.submit(claim, (kind, data))
 
 
+class _WakingStore:
+    """The worker's store on a database without notifications (SQLite): the writes that
+    can make work claimable at once — children spawned, an execution ended whose parent
+    waits for it, a wait that turned out due — wake the worker's claim loop directly,
+    instead of leaving the work to the next poll (docs/workers.md)."""
+
+    WAKING = frozenset({
+        "execution_spawn_if_owned", "execution_complete_if_owned", "execution_fail_if_owned",
+        "execution_release_if_owned", "execution_complete_many_if_owned",
+        "execution_block_if_owned", "execution_stop_if_owned",
+    })
+
+    def __init__(self, store: WorkerStore, wake: Callable[[], None]) -> None:
+        self._store = store
+        self._wake = wake
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name not in self.WAKING:
+            return attr
+
+        async def waking(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await attr(*args, **kwargs)
+            finally:
+                self._wake()
+
+        return waking
+
+
 class Worker:
     def __init__(
         self,
@@ -204,7 +234,9 @@ class Worker:
         external: ExternalConfig | None = None,
         engines: Mapping[str, Engine] | None = None,
     ) -> None:
-        self.store = store
+        self.store: WorkerStore = (
+            store if store.supports_notifications
+            else cast(WorkerStore, _WakingStore(store, self.wake)))
         self.app = app
         self.external = external
         self.engines = dict(engines or {})
@@ -219,12 +251,13 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._completer = Completer(store, self.id)
-        self._checkpointer = Checkpointer(store, self.id)
+        self._completer = Completer(self.store, self.id)
+        self._checkpointer = Checkpointer(self.store, self.id)
         self._trouble = RateLimitedLog(interval=max(self.settings.poll_interval, 5.0))
         self._lease_deadline: dict[uuid.UUID, float] = {}
         self._next_timer_check = 0.0
         self._stale: set[asyncio.Task[None]] = set()
+        self._hints: set[asyncio.Task[None]] = set()
         self.claimed_total = 0
         self.finished_total = 0
 
@@ -233,6 +266,20 @@ class Worker:
     def wake(self) -> None:
         """A hint that work may be waiting (an in-process submission, a notification)."""
         self._wake.set()
+
+    def interrupted(self, execution_id: uuid.UUID) -> None:
+        """A hint that a cancel or pause was requested (in-process, where no notification
+        carries it): runs of this worker learn it now, not at the next heartbeat."""
+        if self.runs:
+            task = asyncio.get_running_loop().create_task(self._check_interrupts_quietly())
+            self._hints.add(task)  # kept referenced until done
+            task.add_done_callback(self._hints.discard)
+
+    async def _check_interrupts_quietly(self) -> None:
+        try:
+            await self.check_interrupts()
+        except Exception as exc:  # the heartbeat checks again anyway
+            self._trouble.warning("db", "checking interrupts failed: %s", exc)
 
     def stop(self) -> None:
         """Stop claiming; :meth:`run` then drains and returns."""
