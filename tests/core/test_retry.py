@@ -29,10 +29,12 @@ class MorePermanent(Permanent):
 
 def test_defaults() -> None:
     p = RetryPolicy()
-    assert p.max_attempts == 3
-    assert p.initial_delay == 0.1
+    assert p.max_attempts == 6
+    assert p.initial_delay == 1.0
     assert p.backoff == 2.0
-    assert p.max_delay == 30.0
+    assert p.max_delay == 60.0
+    # about half a minute of retrying in all, without jitter
+    assert sum(p.delay(n, MID) for n in range(1, p.max_attempts)) == pytest.approx(31.0)
     assert p.jitter == 0.2
     assert p.non_retryable == ()
 

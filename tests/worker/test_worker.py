@@ -268,7 +268,7 @@ async def test_worker_registers_heartbeats_and_records_its_stop(store: Store) ->
 
 async def test_worker_id_and_default_ffqns() -> None:
     class NoStore:
-        pass
+        supports_notifications = True
 
     worker = Worker(NoStore(), app, settings=SETTINGS)  # type: ignore[arg-type]
     host, pid, suffix = worker.id.rsplit(":", 2)

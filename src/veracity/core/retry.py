@@ -14,12 +14,15 @@ class RetryPolicy:
     ``initial_delay * backoff ** (n - 1)`` seconds, capped at ``max_delay``, then spread by
     ``± jitter`` (a fraction) so that many failing steps do not retry in lock step.
     Exceptions of a ``non_retryable`` type fail the step at once.
+
+    The defaults ride out a short outage of what a step calls: 6 tries, waiting about 1, 2,
+    4, 8 and 16 s in between (about half a minute in all) before the step fails.
     """
 
-    max_attempts: int = 3
-    initial_delay: float = 0.1
+    max_attempts: int = 6
+    initial_delay: float = 1.0
     backoff: float = 2.0
-    max_delay: float = 30.0
+    max_delay: float = 60.0
     jitter: float = 0.2
     non_retryable: tuple[type[BaseException], ...] = field(default=())
 
