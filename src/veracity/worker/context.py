@@ -1,17 +1,18 @@
 """The workflow context: what a workflow function sees as ``ctx``.
 
-Durable execution by replay: every call the workflow makes through the context (a step,
-for now) takes the next *position*. Its outcome is checkpointed in the execution's history
-in the same fenced write that proves the lease is still ours. When the execution runs
-again after a crash, the workflow function is called again from the top and each position
-that has a recorded outcome returns it without running anything.
+Durable execution by replay: every call the workflow makes through the context (a step, a
+sleep, a child, a schedule, a receive, the time) takes the next *position*. Its outcome is
+checkpointed in the execution's history in the same fenced write that proves the lease is
+still ours. When the execution runs again after a crash, the workflow function is called
+again from the top and each position that has a recorded outcome returns it without
+running anything. The journal of recorded calls, and how a replayed call is compared with
+the record, are in :mod:`veracity.worker.journal`; the exceptions in
+:mod:`veracity.worker.errors` (both re-exported here).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
 import inspect
 import json
 import math
@@ -19,124 +20,90 @@ import random
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Generator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overload
 
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
 from veracity.core.retry import RetryPolicy
-from veracity.core.states import Status
 from veracity.models import JSON, Claim, HistoryEvent, NewExecution, TransitionResult
+from veracity.worker.errors import (
+    ChildFailed,
+    ExecutionInterrupted,
+    ExecutionSuspended,
+    JoinSetEmpty,
+    NondeterminismError,
+    NotJSONError,
+    StepFailed,
+)
+from veracity.worker.journal import (
+    CHILD_SUBMITTED,
+    JOIN_NEXT,
+    JOURNAL_KINDS,
+    MESSAGE_RECEIVED,
+    NOW_RECORDED,
+    RECV_STARTED,
+    RECV_TIMED_OUT,
+    SCHEDULED,
+    SLEEP_STARTED,
+    STEP_COMPLETED,
+    STEP_FAILED,
+    ChildOutcome,
+    Journal,
+    args_digest,
+    compare_recv,
+    compare_sleep,
+    compare_spawn,
+    compare_step,
+    describe,
+    describe_sleep,
+    describe_spawn,
+    outcome_of,
+    step_name,
+)
 
 if TYPE_CHECKING:
     from veracity.store.protocol import Store
 
+__all__ = [
+    "CHILD_SUBMITTED",
+    "JOIN_NEXT",
+    "JOURNAL_KINDS",
+    "MESSAGE_RECEIVED",
+    "NOW_RECORDED",
+    "RECV_STARTED",
+    "RECV_TIMED_OUT",
+    "SCHEDULED",
+    "SLEEP_STARTED",
+    "STEP_COMPLETED",
+    "STEP_FAILED",
+    "ChildFailed",
+    "ChildOutcome",
+    "Context",
+    "ExecutionInterrupted",
+    "ExecutionSuspended",
+    "JoinSet",
+    "JoinSetEmpty",
+    "Journal",
+    "NondeterminismError",
+    "NotJSONError",
+    "Scheduled",
+    "StepFailed",
+    "args_digest",
+    "describe",
+    "describe_sleep",
+    "describe_spawn",
+    "error_info",
+    "step_name",
+    "to_json_value",
+]
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
-STEP_COMPLETED = "step_completed"
-STEP_FAILED = "step_failed"
-NOW_RECORDED = "now_recorded"
-SLEEP_STARTED = "sleep_started"
-CHILD_SUBMITTED = "child_submitted"
-SCHEDULED = "scheduled"
-JOIN_NEXT = "join_next"
-RECV_STARTED = "recv_started"
-MESSAGE_RECEIVED = "message_received"
-RECV_TIMED_OUT = "recv_timed_out"
-JOURNAL_KINDS = frozenset({
-    STEP_COMPLETED, STEP_FAILED, NOW_RECORDED, SLEEP_STARTED, CHILD_SUBMITTED, SCHEDULED,
-    JOIN_NEXT, RECV_STARTED, MESSAGE_RECEIVED, RECV_TIMED_OUT,
-})
 MAX_TOPIC_LENGTH = 256
 
 DEFAULT_STEP_RETRY = RetryPolicy()
-
-
-class ExecutionInterrupted(BaseException):
-    """Raised at a step boundary when the run must stop: the lease was lost, or the worker
-    is shutting down. A BaseException, so that ``except Exception`` in workflow code does not
-    swallow it."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class ExecutionSuspended(BaseException):
-    """Raised when the workflow entered a durable wait (sleep, children, message): the
-    execution is blocked in the database and this run ends without holding anything."""
-
-
-class StepFailed(Exception):
-    """A step failed after its retries. The same exception (type name and message of the
-    original error) is raised on every replay, so workflow code that catches it behaves the
-    same each time."""
-
-    def __init__(self, step: str, error_type: str, message: str) -> None:
-        super().__init__(f"step {step} failed: {error_type}: {message}")
-        self.step = step
-        self.error_type = error_type
-        self.error_message = message
-
-
-class NotJSONError(TypeError):
-    """A step returned a value that cannot be stored as JSON."""
-
-
-class NondeterminismError(Exception):
-    """On replay, the workflow made a different call than the one recorded at a position."""
-
-    def __init__(self, position: int, recorded: str, new: str) -> None:
-        super().__init__(
-            f"nondeterminism at position {position}: the history has {recorded}, "
-            f"but the workflow now calls {new}"
-        )
-        self.position = position
-        self.recorded = recorded
-        self.new = new
-
-
-class ChildFailed(Exception):
-    """``ctx.call`` of a child that did not complete."""
-
-    def __init__(self, outcome: ChildOutcome) -> None:
-        super().__init__(
-            f"child {outcome.execution_id} ({outcome.ffqn}) ended {outcome.status}: "
-            f"{outcome.error}"
-        )
-        self.outcome = outcome
-
-
-class JoinSetEmpty(Exception):
-    """``next()`` on a join set with no child left to wait for."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChildOutcome:
-    """How a child execution ended, as ``JoinSet.next()`` returns it."""
-
-    execution_id: uuid.UUID
-    ffqn: str
-    status: Status
-    result: JSON
-    error: JSON
-
-    @property
-    def ok(self) -> bool:
-        return self.status == Status.COMPLETED
-
-
-def step_name(fn: Callable[..., Any]) -> str:
-    """A name that is the same in every process: never an address or a repr."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    qualname = getattr(fn, "__qualname__", None)
-    if qualname is None:  # a callable object: name its class
-        cls = type(fn)
-        return f"{cls.__module__}.{cls.__qualname__}"
-    return f"{getattr(fn, '__module__', None) or '?'}.{qualname}"
 
 
 def error_info(exc: BaseException) -> dict[str, str]:
@@ -153,95 +120,6 @@ def to_json_value(value: Any, what: str) -> JSON:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise NotJSONError(f"{what} is not JSON-serialisable: {exc}") from None
-
-
-@dataclass
-class Journal:
-    """The recorded outcomes of an execution's earlier runs, by position."""
-
-    entries: dict[int, HistoryEvent] = field(default_factory=dict)
-    """The first journal event at each position."""
-    by_pos: dict[int, list[HistoryEvent]] = field(default_factory=dict)
-    """Every journal event at each position (a receive records its start, then its
-    message or its timeout)."""
-
-    @classmethod
-    def from_history(cls, events: list[HistoryEvent]) -> Journal:
-        entries: dict[int, HistoryEvent] = {}
-        by_pos: dict[int, list[HistoryEvent]] = {}
-        for ev in events:
-            if ev.kind in JOURNAL_KINDS and isinstance(ev.data, Mapping):
-                pos = ev.data.get("pos")
-                if isinstance(pos, int):
-                    entries.setdefault(pos, ev)
-                    by_pos.setdefault(pos, []).append(ev)
-        return cls(entries, by_pos)
-
-    def at(self, pos: int) -> list[HistoryEvent]:
-        return self.by_pos.get(pos, [])
-
-    def find(self, pos: int, kind: str) -> HistoryEvent | None:
-        for ev in self.at(pos):
-            if ev.kind == kind:
-                return ev
-        return None
-
-
-def describe(ev: HistoryEvent) -> str:
-    """A journal event as a call, for nondeterminism messages."""
-    data = ev.data
-    if ev.kind in (STEP_COMPLETED, STEP_FAILED):
-        return f"step {data.get('name')}"
-    if ev.kind == SLEEP_STARTED:
-        return describe_sleep(data.get("seconds"), data.get("when"))
-    if ev.kind in (CHILD_SUBMITTED, SCHEDULED):
-        verb = "submit" if ev.kind == CHILD_SUBMITTED else "schedule"
-        return describe_spawn(verb, str(data.get("ffqn")), data.get("params"))
-    if ev.kind == JOIN_NEXT:
-        return f"next() of join set {data.get('join_set')}"
-    if ev.kind in (RECV_STARTED, MESSAGE_RECEIVED, RECV_TIMED_OUT):
-        return f"recv({data.get('topic')!r})"
-    if ev.kind == NOW_RECORDED:
-        return "now()"
-    return ev.kind
-
-
-def describe_sleep(seconds: Any, when: Any) -> str:
-    if seconds is not None:
-        return f"sleep({seconds:g}s)" if isinstance(seconds, int | float) else "sleep"
-    if when is not None:
-        return f"sleep_until({when})"
-    return "sleep"
-
-
-def _same_sleep(data: Mapping[str, Any], seconds: float | None, when: datetime | None) -> bool:
-    """Whether a recorded sleep asked for what this one asks (histories written before the
-    request was recorded are taken as the same)."""
-    if "seconds" in data or "when" in data:
-        if seconds is not None:
-            return data.get("seconds") == seconds
-        recorded = data.get("when")
-        return recorded is not None and when is not None and (
-            datetime.fromisoformat(str(recorded)) == when)
-    return True
-
-
-def describe_spawn(verb: str, ffqn: str, params: Any) -> str:
-    if params is None:
-        return f"{verb} {ffqn}"
-    shown = json.dumps(params, separators=(",", ":"))
-    return f"{verb} {ffqn}({shown[1:-1] if len(shown) <= 80 else shown[1:77] + '...'})"
-
-
-def args_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """A step's arguments, fingerprinted to tell on replay whether they changed; None when
-    they are not JSON (an object's repr may differ from run to run: not compared then)."""
-    try:
-        text = json.dumps([list(args), kwargs], sort_keys=True, allow_nan=False,
-                          separators=(",", ":"))
-    except (TypeError, ValueError):
-        return None
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class Scheduled(uuid.UUID):
@@ -441,13 +319,9 @@ class Context:
 
     def _replay(self, pos: int, label: str, digest: str | None, recorded: HistoryEvent) -> Any:
         data = recorded.data
-        recorded_name = str(data.get("name"))
-        if recorded_name != label:
-            raise self._diverged(pos, f"step {recorded_name}", f"step {label}")
-        was = data.get("args")
-        if was is not None and digest is not None and was != digest:
-            raise self._diverged(pos, f"step {label} with arguments {was}",
-                                 f"step {label} with other arguments ({digest})")
+        mismatch = compare_step(recorded, label, digest)
+        if mismatch is not None:
+            raise self._diverged(pos, *mismatch)
         if recorded.kind == STEP_FAILED:
             err = data.get("error") or {}
             raise StepFailed(label, str(err.get("type")), str(err.get("message")))
@@ -548,8 +422,9 @@ class Context:
         recorded = self._recorded(pos, (SLEEP_STARTED,), call)
         events: list[tuple[str, JSON]] = []
         if recorded is not None:
-            if not _same_sleep(recorded.data, seconds, when):
-                raise self._diverged(pos, describe(recorded), call)
+            mismatch = compare_sleep(recorded, seconds, when, call)
+            if mismatch is not None:
+                raise self._diverged(pos, *mismatch)
             until = datetime.fromisoformat(str(recorded.data["until"]))
         else:
             until = (when if when is not None
@@ -621,9 +496,9 @@ class Context:
     def _same_spawn(self, pos: int, recorded: HistoryEvent, ffqn: str, params: JSON,
                     call: str) -> None:
         """A recorded child or schedule is the same call: same name, same parameters."""
-        data = recorded.data
-        if data.get("ffqn") != ffqn or ("params" in data and data["params"] != params):
-            raise self._diverged(pos, describe(recorded), call)
+        mismatch = compare_spawn(recorded, ffqn, params, call)
+        if mismatch is not None:
+            raise self._diverged(pos, *mismatch)
 
     async def settle(self) -> None:
         """Write what this run recorded that others depend on (executions it scheduled
@@ -669,7 +544,7 @@ class Context:
         pos = self._next_position()
         recorded = self._recorded(pos, (JOIN_NEXT,), f"next() of join set {js.name}")
         if recorded is not None:
-            outcome = _outcome(recorded.data)
+            outcome = outcome_of(recorded.data)
             js.consumed.add(outcome.execution_id)
             return outcome
         if js.remaining <= 0:
@@ -686,7 +561,7 @@ class Context:
                 }
                 await self._checkpoint(JOIN_NEXT, data)
                 js.consumed.add(child.id)
-                return _outcome(data)
+                return outcome_of(data)
         await self._block(None, signal, [], f"waiting for a child of join set {js.name}")
 
     # messages
@@ -706,8 +581,10 @@ class Context:
         pos = self._next_position()
         call = f"recv({topic!r})"
         first = self._recorded(pos, (RECV_STARTED, MESSAGE_RECEIVED, RECV_TIMED_OUT), call)
-        if first is not None and first.data.get("topic") != topic:
-            raise self._diverged(pos, describe(first), call)
+        if first is not None:
+            mismatch = compare_recv(first, topic, call)
+            if mismatch is not None:
+                raise self._diverged(pos, *mismatch)
         got = self._journal.find(pos, MESSAGE_RECEIVED)
         if got is not None:
             return got.data.get("payload")
@@ -750,16 +627,6 @@ class Context:
         if not outcome.applied:
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")
-
-
-def _outcome(data: Mapping[str, Any]) -> ChildOutcome:
-    return ChildOutcome(
-        execution_id=uuid.UUID(str(data["child_id"])),
-        ffqn=str(data.get("ffqn")),
-        status=Status(str(data["status"])),
-        result=data.get("result"),
-        error=data.get("error"),
-    )
 
 
 def validate_ffqn_for_workflow(ffqn: str) -> None:
