@@ -231,6 +231,17 @@ class Context:
             self.nondeterminism = err
         return err
 
+    def finish(self) -> NondeterminismError | None:
+        """The workflow function has ended (returned, or raised its own error): a history
+        that still holds calls this run never reached was written by other code, which is
+        a nondeterminism like a call that differs (kept as the run's first divergence).
+        Returns the run's nondeterminism, if any."""
+        if self.nondeterminism is None:
+            unreached = self._journal.unreached(self._position)
+            if unreached:
+                self.nondeterminism = NondeterminismError.unreached_calls(unreached)
+        return self.nondeterminism
+
     # -- the workflow API --------------------------------------------------------------
 
     @overload

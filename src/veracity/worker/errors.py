@@ -43,16 +43,34 @@ class NotJSONError(TypeError):
 
 
 class NondeterminismError(Exception):
-    """On replay, the workflow made a different call than the one recorded at a position."""
+    """On replay, the workflow made a different call than the one recorded at a position,
+    or finished while its history holds calls it never made (``unreached``)."""
 
-    def __init__(self, position: int, recorded: str, new: str) -> None:
-        super().__init__(
-            f"nondeterminism at position {position}: the history has {recorded}, "
-            f"but the workflow now calls {new}"
-        )
+    def __init__(self, position: int, recorded: str, new: str, *,
+                 unreached: tuple[tuple[int, str], ...] = ()) -> None:
+        if unreached:
+            message = ("the workflow finished but its history holds calls this code never "
+                       f"made: {recorded}")
+        else:
+            message = (f"nondeterminism at position {position}: the history has {recorded}, "
+                       f"but the workflow now calls {new}")
+        super().__init__(message)
         self.position = position
         self.recorded = recorded
         self.new = new
+        self.unreached = unreached
+        """(position, call) of each recorded call the finished run never reached."""
+
+    @classmethod
+    def unreached_calls(cls, calls: list[tuple[int, str]], *,
+                        shown: int = 10) -> NondeterminismError:
+        """The run ended with recorded calls left over (``calls``: position and call, in
+        order). The message names the first ``shown`` of them."""
+        named = ", ".join(f"{call} at position {pos}" for pos, call in calls[:shown])
+        if len(calls) > shown:
+            named += f", and {len(calls) - shown} more"
+        return cls(calls[0][0], named, "no further call (the workflow finished)",
+                   unreached=tuple(calls))
 
 
 class ChildFailed(Exception):

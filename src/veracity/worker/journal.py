@@ -121,6 +121,12 @@ class Journal:
                 return ev
         return None
 
+    def unreached(self, end: int) -> list[tuple[int, str]]:
+        """The recorded calls at ``end`` and after (position, call), in order: those a run
+        that made only ``end`` calls never reached."""
+        return [(pos, describe(self.entries[pos])) for pos in sorted(self.entries)
+                if pos >= end]
+
 
 def describe(ev: HistoryEvent) -> str:
     """A journal event as a call, for nondeterminism messages."""
