@@ -31,6 +31,7 @@ from veracity.worker.errors import (
     ChildFailed,
     ExecutionInterrupted,
     ExecutionSuspended,
+    HistoryEnd,
     JoinSetEmpty,
     NondeterminismError,
     NotJSONError,
@@ -82,6 +83,7 @@ __all__ = [
     "Context",
     "ExecutionInterrupted",
     "ExecutionSuspended",
+    "HistoryEnd",
     "JoinSet",
     "JoinSetEmpty",
     "Journal",
@@ -167,13 +169,20 @@ class JoinSet:
 
 
 class Context:
-    """Passed as the first argument to every workflow function."""
+    """Passed as the first argument to every workflow function.
+
+    Without a store (``store=None``), the context replays from its journal alone (see
+    :mod:`veracity.worker.replayer`): recorded calls return their recorded outcomes and are
+    compared as in any replay, and the first call that goes beyond the history raises
+    :class:`HistoryEnd` before anything is run, written or waited for. Its clock stands
+    still at ``clock_base``.
+    """
 
     def __init__(
         self,
         *,
-        store: Store,
-        claim: Claim,
+        store: Store | None,
+        claim: Claim | None,
         execution_id: uuid.UUID,
         deployment_id: str,
         attempt: int,
@@ -202,6 +211,9 @@ class Context:
         self.nondeterminism: NondeterminismError | None = None
         """The first divergence from the journal: the execution fails with it, even if the
         workflow code catches the exception."""
+        self.history_end: HistoryEnd | None = None
+        """Without a store: where the run first went beyond its history."""
+        self._matched: set[int] = set()  # positions replayed as recorded
         self.execution_id = execution_id
         self.deployment_id = deployment_id
         self.attempt = attempt
@@ -222,14 +234,40 @@ class Context:
     def _check(self) -> None:
         if self.nondeterminism is not None:
             raise self.nondeterminism
+        if self.history_end is not None:
+            raise self.history_end
         if self._interrupt is not None:
             raise ExecutionInterrupted(self._interrupt)
 
+    @property
+    def calls_replayed(self) -> int:
+        """Recorded calls this run made again as recorded (served from the journal)."""
+        return len(self._matched)
+
     def _diverged(self, pos: int, recorded: str, new: str) -> NondeterminismError:
+        self._matched.discard(pos)
         err = NondeterminismError(pos, recorded, new)
         if self.nondeterminism is None:
             self.nondeterminism = err
         return err
+
+    def _beyond(self, pos: int, call: str, *, waiting: bool = False) -> None:
+        """This run goes beyond its recorded history at ``pos``: ``call`` is not recorded
+        there (or, ``waiting``, its outcome is not). Without a store the replay stops here,
+        before anything is run, written or waited for."""
+        if self._store is None:
+            end = HistoryEnd(pos, call, waiting=waiting)
+            if self.history_end is None:
+                self.history_end = end
+            raise end
+
+    def _db(self) -> tuple[Store, Claim]:
+        """The store and this run's claim, for the writes and reads past the history."""
+        if self._store is None or self._claim is None:
+            # every call beyond the history stops at ``_beyond`` first: this is a bug, and
+            # it is never turned into a silent write
+            raise RuntimeError("a replay from the history alone reached for the store")
+        return self._store, self._claim
 
     def finish(self) -> NondeterminismError | None:
         """The workflow function has ended (returned, or raised its own error): a history
@@ -288,6 +326,7 @@ class Context:
         recorded = self._recorded(pos, (STEP_COMPLETED, STEP_FAILED), f"step {label}")
         if recorded is not None:
             return self._replay(pos, label, digest, recorded)
+        self._beyond(pos, f"step {label}")
         policy = retry or DEFAULT_STEP_RETRY
         attempts = 0
         while True:
@@ -345,16 +384,16 @@ class Context:
         infrastructure error is never the workflow's own error."""
         pending = [*self._unwritten, (kind, data)]
         children = list(self._unwritten_children)
+        store, claim = self._db()
 
         async def write() -> TransitionResult:
             if children:
-                return await self._store.execution_spawn_if_owned(self._claim, children,
-                                                                  pending)
+                return await store.execution_spawn_if_owned(claim, children, pending)
             if len(pending) == 1:
                 if self._checkpoint_one is not None:
-                    return await self._checkpoint_one(self._claim, kind, data)
-                return await self._store.execution_checkpoint_if_owned(self._claim, kind, data)
-            return await self._store.execution_spawn_if_owned(self._claim, [], pending)
+                    return await self._checkpoint_one(claim, kind, data)
+                return await store.execution_checkpoint_if_owned(claim, kind, data)
+            return await store.execution_spawn_if_owned(claim, [], pending)
 
         outcome = await self._retrying(write)
         self._unwritten.clear()
@@ -390,11 +429,15 @@ class Context:
             return None
         if events[0].kind not in kinds:
             raise self._diverged(pos, describe(events[0]), call)
+        self._matched.add(pos)  # until a closer comparison finds it differs
         return events[0]
 
     def _estimate_now(self) -> datetime:
         """The database's time, estimated as the claim's time (read from the database) plus
-        the time elapsed since, by the monotonic clock: never this host's wall clock."""
+        the time elapsed since, by the monotonic clock: never this host's wall clock. A
+        replay without a store stands still at the time its history was read."""
+        if self._store is None:
+            return self._clock_base
         return self._clock_base + timedelta(seconds=time.monotonic() - self._mono_base)
 
     def now(self) -> datetime:
@@ -404,6 +447,7 @@ class Context:
         recorded = self._recorded(pos, (NOW_RECORDED,), "now()")
         if recorded is not None:
             return datetime.fromisoformat(str(recorded.data["value"]))
+        self._beyond(pos, "now()")
         value = self._estimate_now()
         # written with the next journal write: until then nothing durable depended on it
         self._unwritten.append((NOW_RECORDED, {"pos": pos, "value": value.isoformat()}))
@@ -438,6 +482,7 @@ class Context:
                 raise self._diverged(pos, *mismatch)
             until = datetime.fromisoformat(str(recorded.data["until"]))
         else:
+            self._beyond(pos, call)
             until = (when if when is not None
                      else self._estimate_now() + timedelta(seconds=seconds or 0))
             events.append((SLEEP_STARTED, {"pos": pos, "until": until.isoformat(), **request}))
@@ -445,6 +490,7 @@ class Context:
             if events:
                 self._unwritten.extend(events)
             return
+        self._beyond(pos, call, waiting=True)  # recorded, not over when the history ends
         await self._block(until, self._signal_seq, events, "sleep")
 
     async def _block(
@@ -453,8 +499,9 @@ class Context:
         if self._unwritten_children:
             await self._flush()  # the block statement writes events, not executions
         pending = [*self._unwritten, *events]
-        outcome = await self._retrying(lambda: self._store.execution_block_if_owned(
-            self._claim, wake_at=wake_at, seen_signal=seen, events=pending, reason=reason))
+        store, claim = self._db()
+        outcome = await self._retrying(lambda: store.execution_block_if_owned(
+            claim, wake_at=wake_at, seen_signal=seen, events=pending, reason=reason))
         self._unwritten.clear()
         if not outcome.applied:
             self.interrupt("lease_lost")
@@ -497,6 +544,7 @@ class Context:
         if recorded is not None:
             self._same_spawn(pos, recorded, ffqn, values, call)
             return Scheduled(uuid.UUID(str(recorded.data["execution_id"])), None)
+        self._beyond(pos, call)
         new_id = execution_id or uuid.uuid5(self.execution_id, f"schedule:{pos}")
         self._unwritten_children.append(
             NewExecution(ffqn=ffqn, params=values, deployment_id=self.deployment_id, id=new_id))
@@ -520,8 +568,9 @@ class Context:
     async def _spawn(self, child: NewExecution, event: tuple[str, JSON]) -> None:
         pending = [*self._unwritten, event]
         children = [*self._unwritten_children, child]
+        store, claim = self._db()
         outcome = await self._retrying(
-            lambda: self._store.execution_spawn_if_owned(self._claim, children, pending))
+            lambda: store.execution_spawn_if_owned(claim, children, pending))
         self._unwritten.clear()
         self._unwritten_children.clear()
         if not outcome.applied:
@@ -540,6 +589,7 @@ class Context:
             child_id = uuid.UUID(str(recorded.data["child_id"]))
             js.submitted.append(child_id)
             return child_id
+        self._beyond(pos, call)
         child_id = uuid.uuid5(self.execution_id, f"child:{pos}")
         await self._spawn(
             NewExecution(ffqn=ffqn, params=values, deployment_id=self.deployment_id,
@@ -553,15 +603,18 @@ class Context:
     async def _join_next(self, js: JoinSet) -> ChildOutcome:
         self._check()
         pos = self._next_position()
-        recorded = self._recorded(pos, (JOIN_NEXT,), f"next() of join set {js.name}")
+        call = f"next() of join set {js.name}"
+        recorded = self._recorded(pos, (JOIN_NEXT,), call)
         if recorded is not None:
             outcome = outcome_of(recorded.data)
             js.consumed.add(outcome.execution_id)
             return outcome
         if js.remaining <= 0:
             raise JoinSetEmpty(f"join set {js.name} has no child left to wait for")
+        self._beyond(pos, call)
+        store, _ = self._db()
         children, signal = await self._retrying(
-            lambda: self._store.execution_children(self.execution_id, js.name))
+            lambda: store.execution_children(self.execution_id, js.name))
         for child in children:
             if (child.status.is_terminal and child.id in js.submitted
                     and child.id not in js.consumed):
@@ -601,6 +654,8 @@ class Context:
             return got.data.get("payload")
         if self._journal.find(pos, RECV_TIMED_OUT) is not None:
             raise TimeoutError(f"no message on {topic!r} within the timeout")
+        # recorded as started, with no message yet when the history ends: waiting
+        self._beyond(pos, call, waiting=first is not None)
         started = self._journal.find(pos, RECV_STARTED)
         deadline: datetime | None = None
         events: list[tuple[str, JSON]] = []
@@ -611,8 +666,9 @@ class Context:
             deadline = self._estimate_now() + timedelta(seconds=seconds)
         if self._unwritten:
             await self._flush()
+        store, claim = self._db()
         taken = await self._retrying(
-            lambda: self._store.execution_take_message_if_owned(self._claim, topic, pos))
+            lambda: store.execution_take_message_if_owned(claim, topic, pos))
         if not taken.applied:
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")
@@ -631,8 +687,9 @@ class Context:
     async def _flush(self) -> None:
         pending = list(self._unwritten)
         children = list(self._unwritten_children)
+        store, claim = self._db()
         outcome = await self._retrying(
-            lambda: self._store.execution_spawn_if_owned(self._claim, children, pending))
+            lambda: store.execution_spawn_if_owned(claim, children, pending))
         self._unwritten.clear()
         self._unwritten_children.clear()
         if not outcome.applied:

@@ -1,6 +1,6 @@
 """The exceptions a workflow run raises: into workflow code (StepFailed, ChildFailed,
 JoinSetEmpty, NotJSONError, NondeterminismError), and past it to the worker
-(ExecutionInterrupted, ExecutionSuspended: BaseExceptions, so that
+(ExecutionInterrupted, ExecutionSuspended, HistoryEnd: BaseExceptions, so that
 ``except Exception`` in workflow code cannot swallow them)."""
 
 from __future__ import annotations
@@ -24,6 +24,19 @@ class ExecutionInterrupted(BaseException):
 class ExecutionSuspended(BaseException):
     """Raised when the workflow entered a durable wait (sleep, children, message): the
     execution is blocked in the database and this run ends without holding anything."""
+
+
+class HistoryEnd(BaseException):
+    """Raised in a replay from a history alone (no store) where the run goes beyond what
+    the history holds: at a call it does not record (``waiting`` False), or at a recorded
+    call whose outcome it does not hold yet: a sleep not over, a receive with no message
+    (``waiting`` True). Nothing is run or written: the replay stops there."""
+
+    def __init__(self, position: int, call: str, *, waiting: bool = False) -> None:
+        super().__init__(f"the history ends at position {position} ({call})")
+        self.position = position
+        self.call = call
+        self.waiting = waiting
 
 
 class StepFailed(Exception):
