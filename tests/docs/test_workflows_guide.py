@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import re
 import sys
+import uuid
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
-from veracity import App
+from veracity import App, Context
+from veracity.cli.main import event_json
 from veracity.config import WorkerSettings
 from veracity.control import ExecutionService
 from veracity.core.states import Status
 from veracity.errors import Conflict
-from veracity.store import open_store
+from veracity.store import Store, open_store
+from veracity.testing import replay
 from veracity.worker.runner import Worker
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
@@ -62,6 +67,7 @@ async def test_the_guide_runs(tmp_path, database_url):
             assert e.status == Status.COMPLETED, e.error
             assert e.result == {"receipt": {"order_id": "o-1", "charged": 2500},
                                 "mail": "mailed o-1"}
+            await check_replays(guide, store, e.id, tmp_path)
 
             e, _ = await service.submit("guide:mail/campaign.run", [["a@x", "b@x"]])
             e = await wait_status(service, e.id, done)
@@ -110,3 +116,61 @@ async def test_the_guide_runs(tmp_path, database_url):
             await store.close()
     finally:
         sys.modules.pop("guide", None)
+
+
+def changed_process(guide: ModuleType, change: str) -> App:
+    """``process`` of the guide with one change, its new steps in module ``guide`` as they
+    would be in a changed guide.py."""
+    ns: dict[str, Any] = {"__name__": "guide"}
+    exec("def bill(order_id, cents):\n    return {}\n"
+         "def ship(order_id):\n    return order_id\n", ns)
+    app = App("guide-next")
+
+    @app.workflow("guide:orders/process.run")
+    async def process(ctx: Context, order_id: str) -> dict[str, Any]:
+        first = ns["bill"] if change == "renamed" else guide.charge
+        receipt = await ctx.step(first, order_id, 2500)
+        if change == "removed":
+            return {"receipt": receipt}
+        mail = await ctx.step_with(guide.notify, order_id, name="notify-customer")
+        if change == "added":
+            await ctx.step(ns["ship"], order_id)
+        return {"receipt": receipt, "mail": mail}
+
+    return app
+
+
+async def check_replays(guide: ModuleType, store: Store, execution_id: uuid.UUID,
+                        tmp_path: Path) -> None:
+    """"Checking a code change against production histories": the outcomes it quotes, and
+    its test-suite example over a history saved as ``veracity history --json`` prints it."""
+    text = GUIDE.read_text()
+    events = await store.history_list(execution_id, limit=10_000)
+    outcomes = {
+        "same": replay(guide.app, events),
+        "renamed": replay(changed_process(guide, "renamed"), events),
+        "removed": replay(changed_process(guide, "removed"), events),
+        "added": replay(changed_process(guide, "added"), events),
+    }
+    assert outcomes["same"].consistent and outcomes["same"].finished
+    assert not outcomes["renamed"].consistent and not outcomes["removed"].consistent
+    assert outcomes["added"].consistent and not outcomes["added"].finished
+    for name, result in outcomes.items():
+        quoted = " ".join(result.message.split())
+        assert quoted in " ".join(text.split()), (name, result.message)
+
+    saved = tmp_path / "histories"
+    saved.mkdir()
+    items = [event_json(ev) for ev in events]
+    page = {"items": items, "next_cursor": None}
+    (saved / f"{execution_id}.json").write_text(json.dumps(page))
+    vars(guide)["HISTORIES"] = saved  # where its example reads the saved histories
+    guide.test_saved_histories_replay()  # consistent: passes
+    step = next(item for item in items if item["kind"] == "step_completed")
+    step["data"]["name"] = "guide.bill"  # as if the code had changed since
+    (saved / f"{execution_id}.json").write_text(json.dumps(page))
+    with pytest.raises(AssertionError) as diverged:
+        guide.test_saved_histories_replay()
+    assert str(diverged.value).startswith(
+        f"{execution_id}.json: nondeterminism at position 0: the history has step "
+        "guide.bill, but the workflow now calls step guide.charge")

@@ -1,4 +1,4 @@
-"""Commands: server, migrate, submit, get, list, history.
+"""Commands: server, migrate, submit, get, list, history, replay, ...
 
 Exit codes: 0 success, 1 an error (bad input, not found, database unreachable),
 2 a usage error (click's own).
@@ -22,12 +22,13 @@ import psycopg_pool
 from veracity.api.schemas import ExecutionOut, HistoryItem, WorkerOut
 from veracity.cli.output import fmt_time, print_fields, print_json, print_table, short
 from veracity.config import Settings, load_settings
-from veracity.control import Resolved
+from veracity.control import MAX_HISTORY_LIMIT, Resolved
 from veracity.core.states import Status
-from veracity.errors import ConfigError, VeracityError
+from veracity.errors import ConfigError, InvalidInput, VeracityError
 from veracity.models import Execution, ExecutionFilter, HistoryEvent, Message
 from veracity.runtime import Runtime, open_runtime, redact_url
 from veracity.store import open_store
+from veracity.worker.replayer import ReplayResult, replay_async
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -375,6 +376,65 @@ def history(config_path: str | None, database_url: str | None, app: str | None, 
         return
     print_table(["seq", "at", "kind", "data"],
                 [[str(ev.seq), fmt_time(ev.at), ev.kind, short(ev.data, 90)] for ev in events])
+
+
+async def replay_execution(rt: Runtime, execution_id: str) -> ReplayResult:
+    """Read an execution's whole history and replay it against the app's current code
+    (docs/workflows.md, "Checking a code change against production histories")."""
+    execution = await rt.service.get(execution_id)
+    workflow = rt.external.workflows.get(execution.ffqn)
+    if execution.engine is not None or workflow is not None:
+        engine = execution.engine or (workflow.engine if workflow else "")
+        raise InvalidInput(
+            f"execution {execution.id} runs {execution.ffqn} in the external engine "
+            f"{engine}: replay applies to Veracity's own workflows, whose calls are "
+            "recorded in their history", code="not_replayable")
+    if rt.app is None:
+        raise InvalidInput("replay needs the app whose code to check: give --app "
+                           "MODULE:ATTR, VERACITY_APP or app in the configuration",
+                           code="no_app")
+    if execution.ffqn not in rt.app:
+        raise InvalidInput(
+            f"execution {execution.id} runs workflow {execution.ffqn!r}, which the app "
+            f"{rt.settings.app} does not register (it registers: "
+            f"{', '.join(rt.app) or 'none'})", code="unknown_workflow")
+    events: list[HistoryEvent] = []
+    while True:  # all of it, page by page: a replay of part of it would stop short
+        after = events[-1].seq if events else 0
+        page = await rt.store.history_list(execution.id, after_seq=after,
+                                           limit=MAX_HISTORY_LIMIT)
+        events.extend(page)
+        if len(page) < MAX_HISTORY_LIMIT:
+            return await replay_async(rt.app, events)
+
+
+@cli.command(name="replay")
+@common_options
+@json_option
+@click.argument("execution_id")
+def replay_(config_path: str | None, database_url: str | None, app: str | None,
+            as_json: bool, execution_id: str) -> None:
+    """Replay an execution's history against the app's current workflow code.
+
+    Nothing is run or written: each recorded call is compared with the call the code makes
+    now. Exit 0 when the code is consistent with the history, 1 at the first divergence.
+    """
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    result = run(with_runtime(settings, lambda rt: replay_execution(rt, execution_id)))
+    if as_json:
+        print_json(result.to_json())
+    else:
+        print_fields([
+            ("id", str(result.execution_id)),
+            ("ffqn", result.ffqn),
+            ("consistent", "yes" if result.consistent else "NO"),
+            ("position", "-" if result.position is None else str(result.position)),
+            ("calls replayed", str(result.replayed)),
+            ("ran to its end", "yes" if result.finished else "no"),
+        ])
+        click.echo(result.message)
+    if not result.consistent:
+        sys.exit(1)
 
 
 def _control(name: str, help_text: str) -> None:

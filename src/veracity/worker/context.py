@@ -1,17 +1,18 @@
 """The workflow context: what a workflow function sees as ``ctx``.
 
-Durable execution by replay: every call the workflow makes through the context (a step,
-for now) takes the next *position*. Its outcome is checkpointed in the execution's history
-in the same fenced write that proves the lease is still ours. When the execution runs
-again after a crash, the workflow function is called again from the top and each position
-that has a recorded outcome returns it without running anything.
+Durable execution by replay: every call the workflow makes through the context (a step, a
+sleep, a child, a schedule, a receive, the time) takes the next *position*. Its outcome is
+checkpointed in the execution's history in the same fenced write that proves the lease is
+still ours. When the execution runs again after a crash, the workflow function is called
+again from the top and each position that has a recorded outcome returns it without
+running anything. The journal of recorded calls, and how a replayed call is compared with
+the record, are in :mod:`veracity.worker.journal`; the exceptions in
+:mod:`veracity.worker.errors` (both re-exported here).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
 import inspect
 import json
 import math
@@ -19,124 +20,92 @@ import random
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Generator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overload
 
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
 from veracity.core.retry import RetryPolicy
-from veracity.core.states import Status
 from veracity.models import JSON, Claim, HistoryEvent, NewExecution, TransitionResult
+from veracity.worker.errors import (
+    ChildFailed,
+    ExecutionInterrupted,
+    ExecutionSuspended,
+    HistoryEnd,
+    JoinSetEmpty,
+    NondeterminismError,
+    NotJSONError,
+    StepFailed,
+)
+from veracity.worker.journal import (
+    CHILD_SUBMITTED,
+    JOIN_NEXT,
+    JOURNAL_KINDS,
+    MESSAGE_RECEIVED,
+    NOW_RECORDED,
+    RECV_STARTED,
+    RECV_TIMED_OUT,
+    SCHEDULED,
+    SLEEP_STARTED,
+    STEP_COMPLETED,
+    STEP_FAILED,
+    ChildOutcome,
+    Journal,
+    args_digest,
+    compare_recv,
+    compare_sleep,
+    compare_spawn,
+    compare_step,
+    describe,
+    describe_sleep,
+    describe_spawn,
+    outcome_of,
+    step_name,
+)
 
 if TYPE_CHECKING:
     from veracity.store.protocol import JournalStore
 
+__all__ = [
+    "CHILD_SUBMITTED",
+    "JOIN_NEXT",
+    "JOURNAL_KINDS",
+    "MESSAGE_RECEIVED",
+    "NOW_RECORDED",
+    "RECV_STARTED",
+    "RECV_TIMED_OUT",
+    "SCHEDULED",
+    "SLEEP_STARTED",
+    "STEP_COMPLETED",
+    "STEP_FAILED",
+    "ChildFailed",
+    "ChildOutcome",
+    "Context",
+    "ExecutionInterrupted",
+    "ExecutionSuspended",
+    "HistoryEnd",
+    "JoinSet",
+    "JoinSetEmpty",
+    "Journal",
+    "NondeterminismError",
+    "NotJSONError",
+    "Scheduled",
+    "StepFailed",
+    "args_digest",
+    "describe",
+    "describe_sleep",
+    "describe_spawn",
+    "error_info",
+    "step_name",
+    "to_json_value",
+]
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
-STEP_COMPLETED = "step_completed"
-STEP_FAILED = "step_failed"
-NOW_RECORDED = "now_recorded"
-SLEEP_STARTED = "sleep_started"
-CHILD_SUBMITTED = "child_submitted"
-SCHEDULED = "scheduled"
-JOIN_NEXT = "join_next"
-RECV_STARTED = "recv_started"
-MESSAGE_RECEIVED = "message_received"
-RECV_TIMED_OUT = "recv_timed_out"
-JOURNAL_KINDS = frozenset({
-    STEP_COMPLETED, STEP_FAILED, NOW_RECORDED, SLEEP_STARTED, CHILD_SUBMITTED, SCHEDULED,
-    JOIN_NEXT, RECV_STARTED, MESSAGE_RECEIVED, RECV_TIMED_OUT,
-})
 MAX_TOPIC_LENGTH = 256
 
 DEFAULT_STEP_RETRY = RetryPolicy()
-
-
-class ExecutionInterrupted(BaseException):
-    """Raised at a step boundary when the run must stop: the lease was lost, or the worker
-    is shutting down. A BaseException, so that ``except Exception`` in workflow code does not
-    swallow it."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class ExecutionSuspended(BaseException):
-    """Raised when the workflow entered a durable wait (sleep, children, message): the
-    execution is blocked in the database and this run ends without holding anything."""
-
-
-class StepFailed(Exception):
-    """A step failed after its retries. The same exception (type name and message of the
-    original error) is raised on every replay, so workflow code that catches it behaves the
-    same each time."""
-
-    def __init__(self, step: str, error_type: str, message: str) -> None:
-        super().__init__(f"step {step} failed: {error_type}: {message}")
-        self.step = step
-        self.error_type = error_type
-        self.error_message = message
-
-
-class NotJSONError(TypeError):
-    """A step returned a value that cannot be stored as JSON."""
-
-
-class NondeterminismError(Exception):
-    """On replay, the workflow made a different call than the one recorded at a position."""
-
-    def __init__(self, position: int, recorded: str, new: str) -> None:
-        super().__init__(
-            f"nondeterminism at position {position}: the history has {recorded}, "
-            f"but the workflow now calls {new}"
-        )
-        self.position = position
-        self.recorded = recorded
-        self.new = new
-
-
-class ChildFailed(Exception):
-    """``ctx.call`` of a child that did not complete."""
-
-    def __init__(self, outcome: ChildOutcome) -> None:
-        super().__init__(
-            f"child {outcome.execution_id} ({outcome.ffqn}) ended {outcome.status}: "
-            f"{outcome.error}"
-        )
-        self.outcome = outcome
-
-
-class JoinSetEmpty(Exception):
-    """``next()`` on a join set with no child left to wait for."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChildOutcome:
-    """How a child execution ended, as ``JoinSet.next()`` returns it."""
-
-    execution_id: uuid.UUID
-    ffqn: str
-    status: Status
-    result: JSON
-    error: JSON
-
-    @property
-    def ok(self) -> bool:
-        return self.status == Status.COMPLETED
-
-
-def step_name(fn: Callable[..., Any]) -> str:
-    """A name that is the same in every process: never an address or a repr."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    qualname = getattr(fn, "__qualname__", None)
-    if qualname is None:  # a callable object: name its class
-        cls = type(fn)
-        return f"{cls.__module__}.{cls.__qualname__}"
-    return f"{getattr(fn, '__module__', None) or '?'}.{qualname}"
 
 
 def error_info(exc: BaseException) -> dict[str, str]:
@@ -153,95 +122,6 @@ def to_json_value(value: Any, what: str) -> JSON:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise NotJSONError(f"{what} is not JSON-serialisable: {exc}") from None
-
-
-@dataclass
-class Journal:
-    """The recorded outcomes of an execution's earlier runs, by position."""
-
-    entries: dict[int, HistoryEvent] = field(default_factory=dict)
-    """The first journal event at each position."""
-    by_pos: dict[int, list[HistoryEvent]] = field(default_factory=dict)
-    """Every journal event at each position (a receive records its start, then its
-    message or its timeout)."""
-
-    @classmethod
-    def from_history(cls, events: list[HistoryEvent]) -> Journal:
-        entries: dict[int, HistoryEvent] = {}
-        by_pos: dict[int, list[HistoryEvent]] = {}
-        for ev in events:
-            if ev.kind in JOURNAL_KINDS and isinstance(ev.data, Mapping):
-                pos = ev.data.get("pos")
-                if isinstance(pos, int):
-                    entries.setdefault(pos, ev)
-                    by_pos.setdefault(pos, []).append(ev)
-        return cls(entries, by_pos)
-
-    def at(self, pos: int) -> list[HistoryEvent]:
-        return self.by_pos.get(pos, [])
-
-    def find(self, pos: int, kind: str) -> HistoryEvent | None:
-        for ev in self.at(pos):
-            if ev.kind == kind:
-                return ev
-        return None
-
-
-def describe(ev: HistoryEvent) -> str:
-    """A journal event as a call, for nondeterminism messages."""
-    data = ev.data
-    if ev.kind in (STEP_COMPLETED, STEP_FAILED):
-        return f"step {data.get('name')}"
-    if ev.kind == SLEEP_STARTED:
-        return describe_sleep(data.get("seconds"), data.get("when"))
-    if ev.kind in (CHILD_SUBMITTED, SCHEDULED):
-        verb = "submit" if ev.kind == CHILD_SUBMITTED else "schedule"
-        return describe_spawn(verb, str(data.get("ffqn")), data.get("params"))
-    if ev.kind == JOIN_NEXT:
-        return f"next() of join set {data.get('join_set')}"
-    if ev.kind in (RECV_STARTED, MESSAGE_RECEIVED, RECV_TIMED_OUT):
-        return f"recv({data.get('topic')!r})"
-    if ev.kind == NOW_RECORDED:
-        return "now()"
-    return ev.kind
-
-
-def describe_sleep(seconds: Any, when: Any) -> str:
-    if seconds is not None:
-        return f"sleep({seconds:g}s)" if isinstance(seconds, int | float) else "sleep"
-    if when is not None:
-        return f"sleep_until({when})"
-    return "sleep"
-
-
-def _same_sleep(data: Mapping[str, Any], seconds: float | None, when: datetime | None) -> bool:
-    """Whether a recorded sleep asked for what this one asks (histories written before the
-    request was recorded are taken as the same)."""
-    if "seconds" in data or "when" in data:
-        if seconds is not None:
-            return data.get("seconds") == seconds
-        recorded = data.get("when")
-        return recorded is not None and when is not None and (
-            datetime.fromisoformat(str(recorded)) == when)
-    return True
-
-
-def describe_spawn(verb: str, ffqn: str, params: Any) -> str:
-    if params is None:
-        return f"{verb} {ffqn}"
-    shown = json.dumps(params, separators=(",", ":"))
-    return f"{verb} {ffqn}({shown[1:-1] if len(shown) <= 80 else shown[1:77] + '...'})"
-
-
-def args_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """A step's arguments, fingerprinted to tell on replay whether they changed; None when
-    they are not JSON (an object's repr may differ from run to run: not compared then)."""
-    try:
-        text = json.dumps([list(args), kwargs], sort_keys=True, allow_nan=False,
-                          separators=(",", ":"))
-    except (TypeError, ValueError):
-        return None
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class Scheduled(uuid.UUID):
@@ -289,13 +169,20 @@ class JoinSet:
 
 
 class Context:
-    """Passed as the first argument to every workflow function."""
+    """Passed as the first argument to every workflow function.
+
+    Without a store (``store=None``), the context replays from its journal alone (see
+    :mod:`veracity.worker.replayer`): recorded calls return their recorded outcomes and are
+    compared as in any replay, and the first call that goes beyond the history raises
+    :class:`HistoryEnd` before anything is run, written or waited for. Its clock stands
+    still at ``clock_base``.
+    """
 
     def __init__(
         self,
         *,
-        store: JournalStore,
-        claim: Claim,
+        store: JournalStore | None,
+        claim: Claim | None,
         execution_id: uuid.UUID,
         deployment_id: str,
         attempt: int,
@@ -324,6 +211,9 @@ class Context:
         self.nondeterminism: NondeterminismError | None = None
         """The first divergence from the journal: the execution fails with it, even if the
         workflow code catches the exception."""
+        self.history_end: HistoryEnd | None = None
+        """Without a store: where the run first went beyond its history."""
+        self._matched: set[int] = set()  # positions replayed as recorded
         self.execution_id = execution_id
         self.deployment_id = deployment_id
         self.attempt = attempt
@@ -344,14 +234,51 @@ class Context:
     def _check(self) -> None:
         if self.nondeterminism is not None:
             raise self.nondeterminism
+        if self.history_end is not None:
+            raise self.history_end
         if self._interrupt is not None:
             raise ExecutionInterrupted(self._interrupt)
 
+    @property
+    def calls_replayed(self) -> int:
+        """Recorded calls this run made again as recorded (served from the journal)."""
+        return len(self._matched)
+
     def _diverged(self, pos: int, recorded: str, new: str) -> NondeterminismError:
+        self._matched.discard(pos)
         err = NondeterminismError(pos, recorded, new)
         if self.nondeterminism is None:
             self.nondeterminism = err
         return err
+
+    def _beyond(self, pos: int, call: str, *, waiting: bool = False) -> None:
+        """This run goes beyond its recorded history at ``pos``: ``call`` is not recorded
+        there (or, ``waiting``, its outcome is not). Without a store the replay stops here,
+        before anything is run, written or waited for."""
+        if self._store is None:
+            end = HistoryEnd(pos, call, waiting=waiting)
+            if self.history_end is None:
+                self.history_end = end
+            raise end
+
+    def _db(self) -> tuple[JournalStore, Claim]:
+        """The store and this run's claim, for the writes and reads past the history."""
+        if self._store is None or self._claim is None:
+            # every call beyond the history stops at ``_beyond`` first: this is a bug, and
+            # it is never turned into a silent write
+            raise RuntimeError("a replay from the history alone reached for the store")
+        return self._store, self._claim
+
+    def finish(self) -> NondeterminismError | None:
+        """The workflow function has ended (returned, or raised its own error): a history
+        that still holds calls this run never reached was written by other code, which is
+        a nondeterminism like a call that differs (kept as the run's first divergence).
+        Returns the run's nondeterminism, if any."""
+        if self.nondeterminism is None:
+            unreached = self._journal.unreached(self._position)
+            if unreached:
+                self.nondeterminism = NondeterminismError.unreached_calls(unreached)
+        return self.nondeterminism
 
     # -- the workflow API --------------------------------------------------------------
 
@@ -399,6 +326,7 @@ class Context:
         recorded = self._recorded(pos, (STEP_COMPLETED, STEP_FAILED), f"step {label}")
         if recorded is not None:
             return self._replay(pos, label, digest, recorded)
+        self._beyond(pos, f"step {label}")
         policy = retry or DEFAULT_STEP_RETRY
         attempts = 0
         while True:
@@ -441,13 +369,9 @@ class Context:
 
     def _replay(self, pos: int, label: str, digest: str | None, recorded: HistoryEvent) -> Any:
         data = recorded.data
-        recorded_name = str(data.get("name"))
-        if recorded_name != label:
-            raise self._diverged(pos, f"step {recorded_name}", f"step {label}")
-        was = data.get("args")
-        if was is not None and digest is not None and was != digest:
-            raise self._diverged(pos, f"step {label} with arguments {was}",
-                                 f"step {label} with other arguments ({digest})")
+        mismatch = compare_step(recorded, label, digest)
+        if mismatch is not None:
+            raise self._diverged(pos, *mismatch)
         if recorded.kind == STEP_FAILED:
             err = data.get("error") or {}
             raise StepFailed(label, str(err.get("type")), str(err.get("message")))
@@ -460,16 +384,16 @@ class Context:
         infrastructure error is never the workflow's own error."""
         pending = [*self._unwritten, (kind, data)]
         children = list(self._unwritten_children)
+        store, claim = self._db()
 
         async def write() -> TransitionResult:
             if children:
-                return await self._store.execution_spawn_if_owned(self._claim, children,
-                                                                  pending)
+                return await store.execution_spawn_if_owned(claim, children, pending)
             if len(pending) == 1:
                 if self._checkpoint_one is not None:
-                    return await self._checkpoint_one(self._claim, kind, data)
-                return await self._store.execution_checkpoint_if_owned(self._claim, kind, data)
-            return await self._store.execution_spawn_if_owned(self._claim, [], pending)
+                    return await self._checkpoint_one(claim, kind, data)
+                return await store.execution_checkpoint_if_owned(claim, kind, data)
+            return await store.execution_spawn_if_owned(claim, [], pending)
 
         outcome = await self._retrying(write)
         self._unwritten.clear()
@@ -505,11 +429,15 @@ class Context:
             return None
         if events[0].kind not in kinds:
             raise self._diverged(pos, describe(events[0]), call)
+        self._matched.add(pos)  # until a closer comparison finds it differs
         return events[0]
 
     def _estimate_now(self) -> datetime:
         """The database's time, estimated as the claim's time (read from the database) plus
-        the time elapsed since, by the monotonic clock: never this host's wall clock."""
+        the time elapsed since, by the monotonic clock: never this host's wall clock. A
+        replay without a store stands still at the time its history was read."""
+        if self._store is None:
+            return self._clock_base
         return self._clock_base + timedelta(seconds=time.monotonic() - self._mono_base)
 
     def now(self) -> datetime:
@@ -519,6 +447,7 @@ class Context:
         recorded = self._recorded(pos, (NOW_RECORDED,), "now()")
         if recorded is not None:
             return datetime.fromisoformat(str(recorded.data["value"]))
+        self._beyond(pos, "now()")
         value = self._estimate_now()
         # written with the next journal write: until then nothing durable depended on it
         self._unwritten.append((NOW_RECORDED, {"pos": pos, "value": value.isoformat()}))
@@ -548,10 +477,12 @@ class Context:
         recorded = self._recorded(pos, (SLEEP_STARTED,), call)
         events: list[tuple[str, JSON]] = []
         if recorded is not None:
-            if not _same_sleep(recorded.data, seconds, when):
-                raise self._diverged(pos, describe(recorded), call)
+            mismatch = compare_sleep(recorded, seconds, when, call)
+            if mismatch is not None:
+                raise self._diverged(pos, *mismatch)
             until = datetime.fromisoformat(str(recorded.data["until"]))
         else:
+            self._beyond(pos, call)
             until = (when if when is not None
                      else self._estimate_now() + timedelta(seconds=seconds or 0))
             events.append((SLEEP_STARTED, {"pos": pos, "until": until.isoformat(), **request}))
@@ -559,6 +490,7 @@ class Context:
             if events:
                 self._unwritten.extend(events)
             return
+        self._beyond(pos, call, waiting=True)  # recorded, not over when the history ends
         await self._block(until, self._signal_seq, events, "sleep")
 
     async def _block(
@@ -567,8 +499,9 @@ class Context:
         if self._unwritten_children:
             await self._flush()  # the block statement writes events, not executions
         pending = [*self._unwritten, *events]
-        outcome = await self._retrying(lambda: self._store.execution_block_if_owned(
-            self._claim, wake_at=wake_at, seen_signal=seen, events=pending, reason=reason))
+        store, claim = self._db()
+        outcome = await self._retrying(lambda: store.execution_block_if_owned(
+            claim, wake_at=wake_at, seen_signal=seen, events=pending, reason=reason))
         self._unwritten.clear()
         if not outcome.applied:
             self.interrupt("lease_lost")
@@ -611,6 +544,7 @@ class Context:
         if recorded is not None:
             self._same_spawn(pos, recorded, ffqn, values, call)
             return Scheduled(uuid.UUID(str(recorded.data["execution_id"])), None)
+        self._beyond(pos, call)
         new_id = execution_id or uuid.uuid5(self.execution_id, f"schedule:{pos}")
         self._unwritten_children.append(
             NewExecution(ffqn=ffqn, params=values, deployment_id=self.deployment_id, id=new_id))
@@ -621,9 +555,9 @@ class Context:
     def _same_spawn(self, pos: int, recorded: HistoryEvent, ffqn: str, params: JSON,
                     call: str) -> None:
         """A recorded child or schedule is the same call: same name, same parameters."""
-        data = recorded.data
-        if data.get("ffqn") != ffqn or ("params" in data and data["params"] != params):
-            raise self._diverged(pos, describe(recorded), call)
+        mismatch = compare_spawn(recorded, ffqn, params, call)
+        if mismatch is not None:
+            raise self._diverged(pos, *mismatch)
 
     async def settle(self) -> None:
         """Write what this run recorded that others depend on (executions it scheduled
@@ -634,8 +568,9 @@ class Context:
     async def _spawn(self, child: NewExecution, event: tuple[str, JSON]) -> None:
         pending = [*self._unwritten, event]
         children = [*self._unwritten_children, child]
+        store, claim = self._db()
         outcome = await self._retrying(
-            lambda: self._store.execution_spawn_if_owned(self._claim, children, pending))
+            lambda: store.execution_spawn_if_owned(claim, children, pending))
         self._unwritten.clear()
         self._unwritten_children.clear()
         if not outcome.applied:
@@ -654,6 +589,7 @@ class Context:
             child_id = uuid.UUID(str(recorded.data["child_id"]))
             js.submitted.append(child_id)
             return child_id
+        self._beyond(pos, call)
         child_id = uuid.uuid5(self.execution_id, f"child:{pos}")
         await self._spawn(
             NewExecution(ffqn=ffqn, params=values, deployment_id=self.deployment_id,
@@ -667,15 +603,18 @@ class Context:
     async def _join_next(self, js: JoinSet) -> ChildOutcome:
         self._check()
         pos = self._next_position()
-        recorded = self._recorded(pos, (JOIN_NEXT,), f"next() of join set {js.name}")
+        call = f"next() of join set {js.name}"
+        recorded = self._recorded(pos, (JOIN_NEXT,), call)
         if recorded is not None:
-            outcome = _outcome(recorded.data)
+            outcome = outcome_of(recorded.data)
             js.consumed.add(outcome.execution_id)
             return outcome
         if js.remaining <= 0:
             raise JoinSetEmpty(f"join set {js.name} has no child left to wait for")
+        self._beyond(pos, call)
+        store, _ = self._db()
         children, signal = await self._retrying(
-            lambda: self._store.execution_children(self.execution_id, js.name))
+            lambda: store.execution_children(self.execution_id, js.name))
         for child in children:
             if (child.status.is_terminal and child.id in js.submitted
                     and child.id not in js.consumed):
@@ -686,7 +625,7 @@ class Context:
                 }
                 await self._checkpoint(JOIN_NEXT, data)
                 js.consumed.add(child.id)
-                return _outcome(data)
+                return outcome_of(data)
         await self._block(None, signal, [], f"waiting for a child of join set {js.name}")
 
     # messages
@@ -706,13 +645,17 @@ class Context:
         pos = self._next_position()
         call = f"recv({topic!r})"
         first = self._recorded(pos, (RECV_STARTED, MESSAGE_RECEIVED, RECV_TIMED_OUT), call)
-        if first is not None and first.data.get("topic") != topic:
-            raise self._diverged(pos, describe(first), call)
+        if first is not None:
+            mismatch = compare_recv(first, topic, call)
+            if mismatch is not None:
+                raise self._diverged(pos, *mismatch)
         got = self._journal.find(pos, MESSAGE_RECEIVED)
         if got is not None:
             return got.data.get("payload")
         if self._journal.find(pos, RECV_TIMED_OUT) is not None:
             raise TimeoutError(f"no message on {topic!r} within the timeout")
+        # recorded as started, with no message yet when the history ends: waiting
+        self._beyond(pos, call, waiting=first is not None)
         started = self._journal.find(pos, RECV_STARTED)
         deadline: datetime | None = None
         events: list[tuple[str, JSON]] = []
@@ -723,8 +666,9 @@ class Context:
             deadline = self._estimate_now() + timedelta(seconds=seconds)
         if self._unwritten:
             await self._flush()
+        store, claim = self._db()
         taken = await self._retrying(
-            lambda: self._store.execution_take_message_if_owned(self._claim, topic, pos))
+            lambda: store.execution_take_message_if_owned(claim, topic, pos))
         if not taken.applied:
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")
@@ -743,23 +687,14 @@ class Context:
     async def _flush(self) -> None:
         pending = list(self._unwritten)
         children = list(self._unwritten_children)
+        store, claim = self._db()
         outcome = await self._retrying(
-            lambda: self._store.execution_spawn_if_owned(self._claim, children, pending))
+            lambda: store.execution_spawn_if_owned(claim, children, pending))
         self._unwritten.clear()
         self._unwritten_children.clear()
         if not outcome.applied:
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")
-
-
-def _outcome(data: Mapping[str, Any]) -> ChildOutcome:
-    return ChildOutcome(
-        execution_id=uuid.UUID(str(data["child_id"])),
-        ffqn=str(data.get("ffqn")),
-        status=Status(str(data["status"])),
-        result=data.get("result"),
-        error=data.get("error"),
-    )
 
 
 def validate_ffqn_for_workflow(ffqn: str) -> None:

@@ -476,13 +476,20 @@ class Worker:
                 return
             raise
         except Exception as exc:
+            timed_out = isinstance(exc, TimeoutError) and wf.timeout is not None \
+                and limit.expired()
+            # its own error ends the run: recorded calls it never reached are a divergence
+            # too (not after its timeout, which may stop it before the end of its history)
+            if not timed_out:
+                ctx.finish()
             if ctx.nondeterminism is not None:  # whatever the workflow made of it
                 await self._fail(claim, workflow_error("nondeterminism", ctx.nondeterminism))
                 return
             await ctx.settle()  # what it scheduled before failing is kept
             await self._fail_with(claim, wf, limit, exc)
             return
-        if ctx.nondeterminism is not None:  # swallowed by the workflow: still a failure
+        # swallowed by the workflow, or calls left in its history: still a failure
+        if ctx.finish() is not None:
             await self._fail(claim, workflow_error("nondeterminism", ctx.nondeterminism))
             return
         await ctx.settle()
