@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
+from veracity.core.retry import NO_RETRY, RetryPolicy
 from veracity.errors import ConfigError
 
 WorkflowFn = Callable[..., Awaitable[Any]]
@@ -29,6 +30,9 @@ class WorkflowDef:
     ffqn: str
     fn: WorkflowFn
     timeout: timedelta | None = None
+    retry: RetryPolicy = NO_RETRY
+    """Retries of the whole workflow after its own error (or its timeout): each retry runs
+    it afresh. Default: none."""
 
 
 class App:
@@ -39,13 +43,19 @@ class App:
         self._workflows: dict[str, WorkflowDef] = {}
 
     def workflow(
-        self, ffqn: str, *, timeout: float | timedelta | None = None
+        self, ffqn: str, *, timeout: float | timedelta | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Callable[[F], F]:
         """Register an async function as the workflow named ``ffqn``.
 
         ``ffqn`` is ``namespace:package/interface.function``; end it in ``-cancellable``
         if the workflow may be cancelled from outside. ``timeout`` bounds one run.
+        ``retry`` retries the whole workflow when it fails with its own error or its
+        timeout (each retry starts afresh, after the policy's delay); default: no retry.
+        Steps have their own policy (``ctx.step_with``).
         """
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError("retry must be a veracity.RetryPolicy")
         try:
             validate_ffqn(ffqn)
         except InvalidFfqn as exc:
@@ -60,7 +70,7 @@ class App:
                 raise TypeError(f"workflow {ffqn!r} must be an async function (async def)")
             if ffqn in self._workflows:
                 raise ValueError(f"workflow {ffqn!r} is registered twice")
-            self._workflows[ffqn] = WorkflowDef(ffqn, fn, timeout)
+            self._workflows[ffqn] = WorkflowDef(ffqn, fn, timeout, retry or NO_RETRY)
             return fn
 
         return register

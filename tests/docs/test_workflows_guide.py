@@ -69,6 +69,10 @@ async def test_the_guide_runs(tmp_path, database_url):
                                 "mail": "mailed o-1"}
             await check_replays(guide, store, e.id, tmp_path)
 
+            e, _ = await service.submit("guide:reports/build.run", ["2030-01-01"])
+            assert (await wait_status(service, e.id, done)).result == "2030-01-01: 3 orders"
+            assert app.workflows["guide:reports/build.run"].retry.max_attempts == 3
+
             e, _ = await service.submit("guide:mail/campaign.run", [["a@x", "b@x"]])
             e = await wait_status(service, e.id, done)
             assert sorted(e.result) == ["sent to a@x", "sent to b@x"]

@@ -57,3 +57,9 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)
+"""One try only: the default for a workflow (a workflow's own error is usually a bug that
+would happen again; give it a policy to retry it)."""
+
+WORKFLOW_RETRY = "workflow retry"
+"""The reason of the ``pending`` history event that starts a workflow's retry: the run after
+it starts afresh, replaying nothing recorded before it (docs/workflows.md)."""

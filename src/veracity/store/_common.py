@@ -38,6 +38,8 @@ class Leave:
     """What the late report keeps."""
     result: JSON = None
     error: JSON = None
+    retry_in: float | None = None
+    """For a workflow retry (to pending): claimable again only this many seconds later."""
 
 
 def leave_batch(owner: str, items: Sequence[Leave]) -> list[Leave]:

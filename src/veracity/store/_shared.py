@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from veracity.core.requests import CallbackReport, InterruptKind, ResolveAction
+from veracity.core.retry import WORKFLOW_RETRY
 from veracity.core.states import Status
 from veracity.models import (
     JSON,
@@ -80,6 +81,16 @@ class SharedMethods:
             claim, Status.FAILED_TRANSIENT if transient else Status.FAILED, "fail",
             event={"owner": claim.owner, "epoch": claim.epoch, "error": error},
             payload={"error": error, "transient": transient}, error=error))
+
+    async def execution_retry_if_owned(self, claim: Claim, error: JSON, *, retry: int,
+                                       of: int, delay: float) -> TransitionResult:
+        if delay < 0 or retry < 1:
+            raise ValueError("a workflow retry needs a delay of 0 or more and a number from 1")
+        return await self._leave(Leave(
+            claim, Status.PENDING, "retry",
+            event={"owner": claim.owner, "epoch": claim.epoch, "reason": WORKFLOW_RETRY,
+                   "retry": retry, "of": of, "delay": delay, "error": error},
+            payload={"error": error, "retry": retry}, retry_in=delay))
 
     async def execution_release_if_owned(self, claim: Claim, reason: str) -> TransitionResult:
         return await self._leave(Leave(

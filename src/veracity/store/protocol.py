@@ -161,6 +161,13 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
     ) -> TransitionResult:
         """running -> failed (or failed_transient), guarded like completion."""
 
+    async def execution_retry_if_owned(self, claim: Claim, error: JSON, *, retry: int,
+                                       of: int, delay: float) -> TransitionResult:
+        """running -> pending, claimable again ``delay`` seconds later: the workflow failed
+        with its own error and its retry policy allows retry number ``retry`` of ``of``.
+        Its history event (``pending``, reason "workflow retry") starts a fresh journal:
+        the next run replays nothing from before it. Guarded like completion."""
+
     async def execution_release_if_owned(self, claim: Claim, reason: str) -> TransitionResult:
         """running -> pending (the lease is given back), guarded like completion."""
 

@@ -192,8 +192,12 @@ class Context:
         clock_base: datetime | None = None,
         signal_seq: int = 0,
         checkpoint: Callable[[Claim, str, JSON], Awaitable[TransitionResult]] | None = None,
+        retry: int = 0,
     ) -> None:
         self._store = store
+        # a workflow retry starts afresh: the ids of its children, schedules and join sets
+        # must not be those of an earlier try's (docs/workflows.md)
+        self._try = f"r{retry}:" if retry else ""
         self._claim = claim
         self._journal = journal or Journal()
         self._position = 0
@@ -512,7 +516,7 @@ class Context:
 
     def join_set(self) -> JoinSet:
         """A new join set for child executions."""
-        name = f"js{self._join_sets}"
+        name = f"{self._try}js{self._join_sets}"
         self._join_sets += 1
         return JoinSet(self, name)
 
@@ -545,7 +549,7 @@ class Context:
             self._same_spawn(pos, recorded, ffqn, values, call)
             return Scheduled(uuid.UUID(str(recorded.data["execution_id"])), None)
         self._beyond(pos, call)
-        new_id = execution_id or uuid.uuid5(self.execution_id, f"schedule:{pos}")
+        new_id = execution_id or uuid.uuid5(self.execution_id, f"schedule:{self._try}{pos}")
         self._unwritten_children.append(
             NewExecution(ffqn=ffqn, params=values, deployment_id=self.deployment_id, id=new_id))
         self._unwritten.append((SCHEDULED, {"pos": pos, "execution_id": str(new_id),
@@ -590,7 +594,7 @@ class Context:
             js.submitted.append(child_id)
             return child_id
         self._beyond(pos, call)
-        child_id = uuid.uuid5(self.execution_id, f"child:{pos}")
+        child_id = uuid.uuid5(self.execution_id, f"child:{self._try}{pos}")
         await self._spawn(
             NewExecution(ffqn=ffqn, params=values, deployment_id=self.deployment_id,
                          id=child_id, parent_id=self.execution_id, join_set=js.name),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from veracity.core.retry import WORKFLOW_RETRY
 from veracity.core.states import Status
 from veracity.models import JSON, HistoryEvent
 
@@ -90,6 +91,22 @@ def args_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def retry_start(events: list[HistoryEvent]) -> int:
+    """The index of the first event of the current try (after the last workflow retry)."""
+    for i in range(len(events) - 1, -1, -1):
+        ev = events[i]
+        if (ev.kind == "pending" and isinstance(ev.data, Mapping)
+                and ev.data.get("reason") == WORKFLOW_RETRY):
+            return i + 1
+    return 0
+
+
+def retries_made(events: list[HistoryEvent]) -> int:
+    """How many times the workflow was retried after its own error."""
+    return sum(1 for ev in events if ev.kind == "pending" and isinstance(ev.data, Mapping)
+               and ev.data.get("reason") == WORKFLOW_RETRY)
+
+
 @dataclass
 class Journal:
     """The recorded outcomes of an execution's earlier runs, by position."""
@@ -102,9 +119,11 @@ class Journal:
 
     @classmethod
     def from_history(cls, events: list[HistoryEvent]) -> Journal:
+        """The journal of the current try: a workflow retry starts afresh, so the events
+        before its last retry are not part of it."""
         entries: dict[int, HistoryEvent] = {}
         by_pos: dict[int, list[HistoryEvent]] = {}
-        for ev in events:
+        for ev in events[retry_start(events):]:
             if ev.kind in JOURNAL_KINDS and isinstance(ev.data, Mapping):
                 pos = ev.data.get("pos")
                 if isinstance(pos, int):

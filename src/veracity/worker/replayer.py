@@ -28,7 +28,7 @@ from veracity.errors import InvalidInput
 from veracity.models import JSON, HistoryEvent
 from veracity.worker.context import Context
 from veracity.worker.errors import HistoryEnd
-from veracity.worker.journal import Journal
+from veracity.worker.journal import Journal, retries_made
 
 SUBMITTED_KINDS = ("pending", "paused")
 """The kinds of an execution's first event, which records its workflow and parameters."""
@@ -128,8 +128,9 @@ async def replay_async(app: App, history: Any, *,
         execution_id=ident,
         deployment_id=deployment_id,
         attempt=_last_attempt(events),
-        journal=Journal.from_history(events),
+        journal=Journal.from_history(events),  # the current try's, after a workflow retry
         clock_base=events[-1].at,  # a sleep over by the last event is over; later, not
+        retry=retries_made(events),
     )
     ended: str | None = None  # how the function ended, if it ran to its end
     try:

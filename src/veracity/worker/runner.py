@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import socket
 import time
 import traceback
@@ -42,6 +43,7 @@ from veracity.worker.context import (
     NotJSONError,
     to_json_value,
 )
+from veracity.worker.journal import retries_made
 from veracity.worker.trigger import trigger
 
 log = logging.getLogger("veracity.worker")
@@ -99,6 +101,8 @@ class Run:
     """A cancel or pause that arrived before the context existed."""
     delegated: bool = False
     """Handed to an external engine: it holds no lease any more, so it is not renewed."""
+    retries: int = 0
+    """How many times the workflow was retried already after its own error."""
 
 
 @dataclass
@@ -407,7 +411,7 @@ class Worker:
             if wf is None:  # cannot happen: we claim only registered names
                 await self._release(claim, "workflow not registered in this worker")
                 return
-            journal = await self._journal(execution)
+            journal = await self._journal(run)
             ctx = Context(
                 store=self.store,
                 claim=claim,
@@ -420,6 +424,7 @@ class Worker:
                 clock_base=execution.updated_at,  # the claim's time, by the database
                 signal_seq=execution.signal_seq,
                 checkpoint=self._checkpointer.checkpoint,
+                retry=run.retries,
             )
             run.ctx = ctx
             if run.interrupt is not None:
@@ -458,11 +463,13 @@ class Worker:
         log.info("trigger: %s", what, extra={**EXTRA, "execution_id": str(run.execution.id),
                                              "engine": workflow.engine})
 
-    async def _journal(self, execution: Execution) -> Journal:
+    async def _journal(self, run: Run) -> Journal:
         # a first run has only its `pending` and `running` events: nothing to replay
-        if execution.history_seq <= 2:
+        if run.execution.history_seq <= 2:
             return Journal()
-        return Journal.from_history(await self.store.history_list(execution.id, limit=100_000))
+        events = await self.store.history_list(run.execution.id, limit=100_000)
+        run.retries = retries_made(events)
+        return Journal.from_history(events)
 
     async def _run_workflow(self, wf: WorkflowDef, run: Run, ctx: Context) -> None:
         claim = run.claim
@@ -486,7 +493,7 @@ class Worker:
                 await self._fail(claim, workflow_error("nondeterminism", ctx.nondeterminism))
                 return
             await ctx.settle()  # what it scheduled before failing is kept
-            await self._fail_with(claim, wf, limit, exc)
+            await self._fail_with(run, wf, limit, exc)
             return
         # swallowed by the workflow, or calls left in its history: still a failure
         if ctx.finish() is not None:
@@ -495,18 +502,30 @@ class Worker:
         await ctx.settle()
         await self._complete(claim, value)
 
-    async def _fail_with(self, claim: Claim, wf: WorkflowDef, limit: asyncio.Timeout,
+    async def _fail_with(self, run: Run, wf: WorkflowDef, limit: asyncio.Timeout,
                          exc: Exception) -> None:
-        """The workflow raised: record why, with the code that names the cause."""
+        """The workflow raised: retry it if its policy says so (its own error or its
+        timeout), else record why, with the code that names the cause."""
+        claim = run.claim
+        retryable = True
         if isinstance(exc, TimeoutError) and wf.timeout is not None and limit.expired():
             error = workflow_error("timeout", exc, "workflow ran longer than its timeout of "
                                    f"{wf.timeout.total_seconds():g}s")
         elif isinstance(exc, NondeterminismError):
-            error = workflow_error("nondeterminism", exc)
+            error, retryable = workflow_error("nondeterminism", exc), False
         elif isinstance(exc, NotJSONError):
-            error = workflow_error("step_result_not_json", exc)
+            error, retryable = workflow_error("step_result_not_json", exc), False
         else:  # its own error (its own TimeoutError included)
             error = workflow_error("workflow_error", exc)
+        tries = run.retries + 1
+        if retryable and wf.retry.should_retry(tries, exc):
+            delay = wf.retry.delay(tries, random.random())
+            log.info("workflow failed; retry %d of %d in %.3g s", tries,
+                     wf.retry.max_attempts - 1, delay,
+                     extra={**EXTRA, "execution_id": str(claim.execution_id)})
+            await self._write(lambda: self.store.execution_retry_if_owned(
+                claim, error, retry=tries, of=wf.retry.max_attempts - 1, delay=delay), claim)
+            return
         await self._fail(claim, error)
 
     async def _complete(self, claim: Claim, value: Any) -> None:

@@ -109,13 +109,17 @@ SELECT * FROM claimed ORDER BY scheduled_at, id
 -- guarded by the lease fence (veracity_holds_lease) with its own epoch, plus its event.
 WITH input AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[], %(to_statuses)s::text[],
-                         %(results)s::json[], %(errors)s::json[], %(events)s::json[])
-        AS t(id, epoch, to_status, result, error, event)
+                         %(results)s::json[], %(errors)s::json[], %(events)s::json[],
+                         %(retry_ins)s::float8[])
+        AS t(id, epoch, to_status, result, error, event, retry_in)
 ), upd AS (
     UPDATE veracity_executions AS e SET
         status = input.to_status,
         result = input.result,
         error = input.error,
+        -- a workflow retry is claimable again only after its delay
+        scheduled_at = coalesce(coalesce(%(now)s::timestamptz, now())
+                                + make_interval(secs => input.retry_in), e.scheduled_at),
         lease_owner = NULL,
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s::timestamptz, now()),

@@ -379,6 +379,7 @@ class PostgresStore(SharedMethods):
                             for i in unique],
                 "errors": [Json(i.error) if i.error is not None else None for i in unique],
                 "events": [Json(i.event) for i in unique],
+                "retry_ins": [i.retry_in for i in unique],
                 "owner": owner,
                 "from_states": sorted({s for i in unique for s in owned_sources(i.to)}),
                 "now": self._now(),

@@ -85,6 +85,8 @@ UPDATE veracity_executions SET
     status = :to_status,
     result = :result,
     error = :error,
+    -- a workflow retry is claimable again only after its delay
+    scheduled_at = coalesce(:now + :retry_in_us, scheduled_at),
     lease_owner = NULL,
     lease_expires_at = NULL,
     updated_at = :now,

@@ -450,6 +450,8 @@ class SqliteStore(SharedMethods):
                         "from_states": _dumps(owned_sources(item.to)),
                         "result": _dumps(item.result) if item.to == Status.COMPLETED else None,
                         "error": _dumps(item.error) if item.error is not None else None,
+                        "retry_in_us": round(item.retry_in * 1_000_000)
+                        if item.retry_in is not None else None,
                         "now": now,
                     }).fetchone()
                 if row is None:
