@@ -42,6 +42,7 @@ from veracity.models import (
     WorkerRecord,
 )
 from veracity.store.protocol import ControlStore
+from veracity.worker.journal import retry_replay
 
 MAX_LIST_LIMIT = 1000
 MAX_HISTORY_LIMIT = 10_000
@@ -368,6 +369,35 @@ class ExecutionService:
             look = await self._look_and_apply(cancelled, by=actor or "operator")
             cancelled = await self.get(cancelled.id) if look.action else cancelled
         return cancelled, result.changed
+
+    async def retry(self, execution_id: str | uuid.UUID, *, actor: str | None = None
+                    ) -> Execution:
+        """A new execution retrying a failed (or failed_transient) one: linked to it
+        (``retry_of``), in the current deployment, replaying the failed run's recorded calls
+        up to its failure (its first failed step, child or schedule) and running on from
+        there. The failed execution is left unchanged (docs/workflows.md)."""
+        old = await self.get(execution_id)
+        if old.status not in (Status.FAILED, Status.FAILED_TRANSIENT):
+            raise Conflict(f"execution is {old.status}: only a failed or failed_transient "
+                           "execution can be retried", code="wrong_state",
+                           state=str(old.status))
+        history: list[HistoryEvent] = []
+        after = 0
+        while True:  # a terminal execution's history no longer grows (but late reports)
+            page = await self.store.history_list(old.id, after_seq=after, limit=10_000)
+            history += page
+            if len(page) < 10_000:
+                break
+            after = page[-1].seq
+        new = NewExecution(ffqn=old.ffqn, params=list(old.params),
+                           deployment_id=self.deployment_id, id=new_execution_id(),
+                           retry_of=old.id)
+        result = await self.store.execution_retry(old.id, new, retry_replay(history),
+                                                  actor=actor)
+        created = self._found(old.id, result)
+        if self.on_submitted is not None:
+            self.on_submitted()
+        return created
 
     async def pause(self, execution_id: str | uuid.UUID, *, actor: str | None = None
                     ) -> tuple[Execution, bool]:

@@ -58,6 +58,8 @@ class Execution:
     """An operator's request to end a delegated run, waiting for the engine to confirm
     the stop: ``{"action": "fail"|"cancel", "reason", "by"}``."""
     end_requested_at: datetime | None = None
+    retry_of: uuid.UUID | None = None
+    """For an execution made by an operator's retry: the failed execution it retries."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,7 @@ class NewExecution:
     join_set: str | None = None
     paused: bool = False
     """Submit on hold: status ``paused`` (returns to pending when unpaused)."""
+    retry_of: uuid.UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -494,3 +494,28 @@ async def test_list_items_leave_out_large_values_with_their_size(
     assert items[large["id"]]["elided"] == {"params": size}
     whole = (await client.get(f"/v1/executions/{large['id']}")).json()
     assert whole["params"] == [big, "b"] and whole["elided"] is None
+
+
+async def test_retry_route(client: httpx.AsyncClient, store: Store) -> None:
+    """PUT /v1/executions/{id}/retry: 201 and the new execution for a failed one; 409
+    wrong_state for any other status, 404 for an unknown id, 400 for a bad one."""
+    body = await submit(client, MAIL, "a", "b")
+    execution_id = uuid.UUID(body["id"])
+    response = await client.put(f"/v1/executions/{execution_id}/retry")
+    assert response.status_code == 409, response.text
+    assert response.json()["error"] | {"message": ""} == {
+        "code": "wrong_state", "state": "pending", "message": ""}
+    [claimed] = await store.execution_claim("w", [MAIL], limit=1,
+                                            lease_ttl=timedelta(minutes=5))
+    claim = Claim(execution_id, "w", claimed.lease_epoch)
+    assert (await store.execution_fail_if_owned(claim, {"code": "boom"})).applied
+
+    response = await client.put(f"/v1/executions/{execution_id}/retry")
+
+    assert response.status_code == 201, response.text
+    new = response.json()
+    assert new["retry_of"] == str(execution_id) and new["status"] == "pending"
+    assert new["params"] == ["a", "b"] and new["id"] != str(execution_id)
+    assert (await client.get(f"/v1/executions/{execution_id}")).json()["status"] == "failed"
+    assert (await client.put(f"/v1/executions/{uuid.uuid4()}/retry")).status_code == 404
+    assert (await client.put("/v1/executions/nope/retry")).status_code == 400

@@ -414,3 +414,34 @@ def test_history_full_and_an_empty_flagged_list(database_url: str, tmp_path: Pat
     whole = ok(run(["history", eid, "--full"], env, tmp_path))
     assert long_text.strip() in whole and whole.startswith("1  ")
     assert ok(run(["list", "--flagged"], env, tmp_path)).strip() == "nothing flagged"
+
+
+def test_veracity_retry(database_url: str, tmp_path: Path) -> None:
+    env = base_env(database_url)
+    ok(run(["migrate"], env, tmp_path))
+    out = ok(run(["submit", MAIL, '"a@x"', '"hi"'], env, tmp_path))
+    eid = out.split()[1]
+    assert_failure(run(["retry", eid], env, tmp_path), "execution is pending",
+                   "only a failed or failed_transient execution can be retried")
+
+    async def fail_it() -> None:
+        from datetime import timedelta
+
+        from veracity.models import Claim
+        from veracity.store import open_store
+
+        store = await open_store(database_url)
+        try:
+            [c] = await store.execution_claim("w", [MAIL], limit=1,
+                                              lease_ttl=timedelta(minutes=1))
+            assert (await store.execution_fail_if_owned(Claim(c.id, "w", c.lease_epoch),
+                                                        {"code": "x"})).applied
+        finally:
+            await store.close()
+
+    run_async(fail_it())
+    retried = ok_json(run(["retry", eid, "--json"], env, tmp_path))
+    assert retried["retry_of"] == eid and retried["status"] == "pending"
+    out = ok(run(["retry", eid], env, tmp_path))
+    assert out.startswith("retried: ") and f"(retry of {eid})" in out
+    assert_failure(run(["retry", str(uuid.uuid4())], env, tmp_path), "does not exist")

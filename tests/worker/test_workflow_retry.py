@@ -23,6 +23,7 @@ from tests.worker.test_worker import (
 )
 from veracity import App, Context, RetryPolicy
 from veracity.core.states import Status
+from veracity.models import ExecutionFilter
 from veracity.store import Store, open_store
 from veracity.worker.runner import Worker
 
@@ -130,3 +131,82 @@ async def test_without_a_policy_a_workflow_is_not_retried(store: Store) -> None:
 def test_retry_must_be_a_policy() -> None:
     with pytest.raises(TypeError, match="RetryPolicy"):
         App().workflow("x:y/z.w", retry=3)  # type: ignore[arg-type]
+
+
+# -- an operator's retry of a failed execution (veracity retry, PUT .../retry) ---------------
+
+BROKEN: set[str] = set()
+RAN: Counter[str] = Counter()
+
+
+class Broken(Exception):
+    pass
+
+
+def work(key: str, i: int) -> str:
+    RAN[f"{key}:{i}"] += 1
+    if i == 2 and key in BROKEN:
+        raise Broken(f"step {i} is broken")
+    return f"{key}:{i}"
+
+
+@app.workflow("retry:three/run.fn")
+async def three(ctx: Context, key: str) -> list[str]:
+    done = []
+    for i in range(4):
+        done.append(await ctx.step_with(work, key, i, retry=RetryPolicy(
+            max_attempts=1)))
+    return done
+
+
+async def test_an_operator_retry_replays_up_to_the_failure_and_runs_on(store: Store) -> None:
+    from veracity.control import ExecutionService
+
+    key = str(uuid.uuid4())
+    BROKEN.add(key)
+    e = await submit(store, "retry:three/run.fn", key)
+    async with running(worker(store)):
+        failed = await wait_status(store, e.id, Status.FAILED)
+    assert [RAN[f"{key}:{i}"] for i in range(4)] == [1, 1, 1, 0]
+    before = (await store.execution_get(e.id), await store.history_list(e.id))
+
+    BROKEN.discard(key)  # the bug is fixed; retry
+    service = ExecutionService(store, workflows=set(app.workflows), deployment_id="d-new")
+    retried = await service.retry(e.id, actor="ops")
+
+    assert (retried.status, retried.retry_of, retried.deployment_id) == (
+        Status.PENDING, e.id, "d-new")
+    assert retried.params == failed.params and retried.id != e.id
+    first = (await store.history_list(retried.id))[0]
+    assert first.kind == "pending" and first.data["retry_of"] == str(e.id)
+    assert first.data["replays"] == 2 and first.data["by"] == "ops"
+    async with running(worker(store)):
+        done = await wait_status(store, retried.id, Status.COMPLETED, Status.FAILED)
+    assert done.status == Status.COMPLETED, done.error
+    assert done.result == [f"{key}:{i}" for i in range(4)]
+    # steps 0 and 1 were replayed, not run again; the failed step ran again, then step 3
+    assert [RAN[f"{key}:{i}"] for i in range(4)] == [1, 1, 2, 1]
+    # the failed execution is unchanged
+    assert (await store.execution_get(e.id), await store.history_list(e.id)) == before
+
+
+@pytest.mark.parametrize("status", ["pending", "completed", "cancelled"])
+async def test_only_a_failed_execution_can_be_retried(store: Store, status: str) -> None:
+    from veracity.control import ExecutionService
+    from veracity.errors import Conflict
+
+    service = ExecutionService(store, workflows=set(app.workflows), deployment_id="d")
+    e = await submit(store, "retry:child/run.fn", "k")
+    if status == "completed":
+        async with running(worker(store)):
+            await wait_status(store, e.id, Status.COMPLETED)
+    elif status == "cancelled":
+        e = await submit(store, "retry:never/run.fn", "k")
+        await store.execution_cancel(e.id, actor="t")
+    before = await store.history_list(e.id)
+    count = len(await store.execution_list(ExecutionFilter(), limit=100))
+    with pytest.raises(Conflict) as refused:
+        await service.retry(e.id)
+    assert refused.value.code == "wrong_state" and refused.value.details["state"] == status
+    assert await store.history_list(e.id) == before
+    assert len(await store.execution_list(ExecutionFilter(), limit=100)) == count

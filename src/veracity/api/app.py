@@ -206,6 +206,15 @@ def create_api(
         execution, _ = await service.cancel(execution_id)
         return ExecutionOut.of(execution)
 
+    @app.put("/v1/executions/{execution_id}/retry", status_code=201,
+             response_model=ExecutionOut, responses=ERRORS)
+    async def retry(execution_id: str, service: Service) -> ExecutionOut:
+        """Retry a failed or failed_transient execution: 201 and a new execution linked to
+        it (retry_of), which replays the failed run's recorded calls up to its failure and
+        runs on from there. The failed one is left unchanged. Any other status: 409
+        wrong_state."""
+        return ExecutionOut.of(await service.retry(execution_id))
+
     @app.put("/v1/executions/{execution_id}/pause", response_model=ExecutionOut,
              responses=ERRORS)
     async def pause(execution_id: str, service: Service) -> ExecutionOut:

@@ -116,6 +116,9 @@ class ExecutionOut(BaseModel):
         default=None, description="An operator's request to end a delegated run, waiting "
         "for the engine to confirm the stop: {action, reason, by}")
     end_requested_at: datetime | None = None
+    retry_of: str | None = Field(
+        default=None, description="For a retry (PUT .../retry): the failed execution it "
+        "retries")
     waiting_reason: str | None = Field(
         default=None, description="Why a pending execution is not being run (if known)"
     )
@@ -168,6 +171,7 @@ class ExecutionOut(BaseModel):
             flag_kind=e.flag_kind,
             end_request=e.end_request,
             end_requested_at=e.end_requested_at,
+            retry_of=str(e.retry_of) if e.retry_of else None,
             waiting_reason=waiting_reason,
         )
 

@@ -468,6 +468,23 @@ def _control(name: str, help_text: str) -> None:
         click.echo(f"{name}: {execution.id} is {execution.status}{note}")
 
 
+@cli.command()
+@common_options
+@json_option
+@click.argument("execution_id")
+def retry(config_path: str | None, database_url: str | None, app: str | None,
+          as_json: bool, execution_id: str) -> None:
+    """Retry a failed execution: a new one that replays its recorded calls up to the
+    failure and runs on from there (the failed one is left as it is)."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    created = run(with_runtime(settings, lambda rt: rt.service.retry(execution_id,
+                                                                     actor="cli")))
+    if as_json:
+        print_json(execution_json(created))
+    else:
+        click.echo(f"retried: {created.id} (retry of {created.retry_of})")
+
+
 _control("cancel", "Cancel a -cancellable execution (and its cancellable children).")
 _control("pause", "Hold an execution: it is not run until unpaused.")
 _control("unpause", "Release a paused execution.")

@@ -97,6 +97,7 @@ def execution_from(row: Row) -> Execution:
         flag_kind=row["flag_kind"],
         end_request=row["end_request"],
         end_requested_at=row["end_requested_at"],
+        retry_of=row["retry_of"],
     )
 
 
@@ -317,6 +318,35 @@ def _stop_cancel(claim: Claim, seq: int, now: datetime | None) -> Op:
     yield from _events(claim.execution_id, seq, [(str(target), {
         "owner": claim.owner, "epoch": claim.epoch, "reason": reason})], now)
     return TransitionResult(True, execution_from(rows[0]))
+
+
+# -- an operator's retry ---------------------------------------------------------------------
+
+
+def retry(old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
+          actor: str | None, now: datetime | None) -> Op:
+    """A new execution retrying a failed one: pending, linked to it (``retry_of``), with the
+    failed one's ``replayed`` journal events copied into its history after its ``pending``
+    event, so that its run replays them. The failed execution is left unchanged. Refused
+    unless it is ``failed`` or ``failed_transient``."""
+    row = yield from _lock(old_id)
+    if row is None:
+        return ControlResult(None)
+    old = execution_from(row)
+    if old.status not in (Status.FAILED, Status.FAILED_TRANSIENT):
+        return ControlResult(old, refused=f"execution is {old.status}: only a failed or "
+                             "failed_transient execution can be retried")
+    rows = yield Query("execution_insert_retry", {
+        "id": new.id, "ffqn": new.ffqn, "params": JsonParam(new.params),
+        "deployment_id": new.deployment_id, "retry_of": old_id, "now": now,
+        "history_seq": 1 + len(replayed)})
+    created = execution_from(rows[0])
+    events: list[tuple[str, JSON]] = [("pending", {
+        "ffqn": created.ffqn, "params": created.params,
+        "deployment_id": created.deployment_id, "retry_of": str(old_id), "by": actor,
+        "replays": len(replayed)}), *replayed]
+    yield from _events(created.id, 0, events, now)
+    return ControlResult(created, changed=True)
 
 
 # -- lease recovery -------------------------------------------------------------------------

@@ -270,6 +270,14 @@ class SharedMethods:
             expected_external_id, self._now()))
         return result
 
+    async def execution_retry(
+        self, old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
+        *, actor: str | None = None,
+    ) -> ControlResult:
+        result: ControlResult = await self._op(
+            lambda: _ops.retry(old_id, new, replayed, actor, self._now()))
+        return result
+
     async def execution_flag_counts(self) -> dict[str, int]:
         counts: dict[str, int] = await self._op(_ops.flag_counts)
         return counts

@@ -234,7 +234,18 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
         """End a delegated execution if it is still running with the expected external id."""
 
 
-class ControlStore(DelegatedWrites, ReadStore, Protocol):
+class RetryWrites(Protocol):
+    async def execution_retry(
+        self, old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
+        *, actor: str | None = None,
+    ) -> ControlResult:
+        """An operator's retry of a failed (or failed_transient) execution: ``new``, pending
+        and linked to it (``retry_of``), with the ``replayed`` journal events of the failed
+        run copied into its history after its ``pending`` event (its run replays them);
+        the failed one is left unchanged. Refused (wrong state) for any other status."""
+
+
+class ControlStore(RetryWrites, DelegatedWrites, ReadStore, Protocol):
     """The control plane's requests (the HTTP API and the CLI)."""
 
     async def execution_submit(self, new: NewExecution) -> Submitted:

@@ -107,6 +107,30 @@ def retries_made(events: list[HistoryEvent]) -> int:
                and ev.data.get("reason") == WORKFLOW_RETRY)
 
 
+FORK_STOPS = frozenset({STEP_FAILED, CHILD_SUBMITTED, SCHEDULED, JOIN_NEXT})
+"""Where an operator's retry stops replaying a failed run: the failure itself (the step is
+tried again), and children and schedules (they belong to the failed execution)."""
+
+
+def retry_replay(events: list[HistoryEvent]) -> list[tuple[str, JSON]]:
+    """The journal events of a failed run that its retry replays (as ``(kind, data)``):
+    those of its last try, in order, up to the first failed step, child or schedule."""
+    out: list[tuple[str, JSON]] = []
+    stop_at: int | None = None
+    for ev in events[retry_start(events):]:
+        if ev.kind not in JOURNAL_KINDS or not isinstance(ev.data, Mapping):
+            continue
+        pos = ev.data.get("pos")
+        if not isinstance(pos, int):
+            continue
+        if ev.kind in FORK_STOPS:
+            stop_at = pos if stop_at is None else min(stop_at, pos)
+        if stop_at is not None and pos >= stop_at:
+            continue
+        out.append((ev.kind, dict(ev.data)))
+    return out
+
+
 @dataclass
 class Journal:
     """The recorded outcomes of an execution's earlier runs, by position."""

@@ -464,8 +464,9 @@ class Worker:
                                              "engine": workflow.engine})
 
     async def _journal(self, run: Run) -> Journal:
-        # a first run has only its `pending` and `running` events: nothing to replay
-        if run.execution.history_seq <= 2:
+        # a first run has only its `pending` and `running` events: nothing to replay (but an
+        # operator's retry, whose history holds the failed run's calls)
+        if run.execution.history_seq <= 2 and run.execution.retry_of is None:
             return Journal()
         events = await self.store.history_list(run.execution.id, limit=100_000)
         run.retries = retries_made(events)

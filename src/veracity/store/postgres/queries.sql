@@ -274,6 +274,17 @@ UPDATE veracity_executions SET
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
 RETURNING *
 
+-- name: execution_insert_retry
+-- an operator's retry of a failed execution: a new pending one linked to it
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, attempt, deployment_id, retry_of,
+    scheduled_at, created_at, updated_at, history_seq)
+VALUES (
+    %(id)s, %(ffqn)s, %(params)s, 'pending', 1, %(deployment_id)s, %(retry_of)s::uuid,
+    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+    coalesce(%(now)s::timestamptz, now()), %(history_seq)s)
+RETURNING *
+
 -- name: execution_insert_child
 INSERT INTO veracity_executions (
     id, ffqn, params, status, attempt, deployment_id, parent_id, join_set,

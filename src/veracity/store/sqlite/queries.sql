@@ -201,6 +201,16 @@ UPDATE veracity_executions SET
 WHERE id = :id AND status IN (SELECT value FROM json_each(:from_states))
 RETURNING *
 
+-- name: execution_insert_retry
+-- an operator's retry of a failed execution: a new pending one linked to it
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, attempt, deployment_id, retry_of,
+    scheduled_at, created_at, updated_at, history_seq)
+VALUES (
+    :id, :ffqn, :params, 'pending', 1, :deployment_id, :retry_of, :now, :now, :now,
+    :history_seq)
+RETURNING *
+
 -- name: execution_insert_child
 INSERT INTO veracity_executions (
     id, ffqn, params, status, attempt, deployment_id, parent_id, join_set,

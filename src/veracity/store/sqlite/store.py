@@ -122,6 +122,7 @@ def row_to_execution(row: sqlite3.Row) -> Execution:
         flag_kind=row["flag_kind"],
         end_request=_loads(row["end_request"]),
         end_requested_at=_opt_time(row["end_requested_at"]),
+        retry_of=uuid.UUID(row["retry_of"]) if row["retry_of"] else None,
     )
 
 
@@ -596,7 +597,7 @@ class SqliteStore(SharedMethods):
         yield None  # pragma: no cover - makes this an async generator
 
 
-UUID_COLUMNS = frozenset({"id", "parent_id", "execution_id"})
+UUID_COLUMNS = frozenset({"id", "parent_id", "execution_id", "retry_of"})
 TIME_COLUMNS = frozenset({
     "scheduled_at", "created_at", "updated_at", "lease_expires_at", "wake_at",
     "cancel_requested_at", "pause_requested_at", "at", "consumed_at", "started_at",
