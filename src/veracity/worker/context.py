@@ -28,6 +28,7 @@ from veracity.core.ffqn import InvalidFfqn, validate_ffqn
 from veracity.core.retry import RetryPolicy
 from veracity.core.states import Status
 from veracity.models import JSON, Claim, HistoryEvent, NewExecution, TransitionResult
+from veracity.worker.http import HttpClient, digestible, step_scope
 
 if TYPE_CHECKING:
     from veracity.store.protocol import JournalStore
@@ -305,8 +306,10 @@ class Context:
         clock_base: datetime | None = None,
         signal_seq: int = 0,
         checkpoint: Callable[[Claim, str, JSON], Awaitable[TransitionResult]] | None = None,
+        http: HttpClient | None = None,
     ) -> None:
         self._store = store
+        self._http = http
         self._claim = claim
         self._journal = journal or Journal()
         self._position = 0
@@ -355,6 +358,15 @@ class Context:
 
     # -- the workflow API --------------------------------------------------------------
 
+    @property
+    def http(self) -> HttpClient:
+        """The worker's HTTP client, held to the ``[[http]]`` bindings: usable inside a
+        step only (docs/http.md), e.g. ``await ctx.step(fetch, ctx.http, url)``."""
+        if self._http is None:
+            raise RuntimeError("ctx.http: this context has no HTTP client (a worker gives "
+                               "one to each execution it runs)")
+        return self._http
+
     @overload
     async def step(
         self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
@@ -395,7 +407,7 @@ class Context:
         self._check()
         pos = self._next_position()
         label = name or step_name(fn)
-        digest = args_digest(args, kwargs)
+        digest = args_digest(digestible(args), kwargs)
         recorded = self._recorded(pos, (STEP_COMPLETED, STEP_FAILED), f"step {label}")
         if recorded is not None:
             return self._replay(pos, label, digest, recorded)
@@ -404,7 +416,8 @@ class Context:
         while True:
             attempts += 1
             try:
-                value = await self._invoke(fn, args, kwargs)
+                with step_scope():  # ctx.http sends from here only
+                    value = await self._invoke(fn, args, kwargs)
                 result = to_json_value(value, f"the result of step {label}")
             except NotJSONError:
                 raise

@@ -29,6 +29,7 @@ from typing import Any
 from veracity.adapters.base import Engine
 from veracity.adapters.config import ExternalConfig
 from veracity.app import App, WorkflowDef
+from veracity.bindings import Bindings
 from veracity.config import WorkerSettings
 from veracity.core.requests import InterruptKind
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
@@ -42,6 +43,7 @@ from veracity.worker.context import (
     NotJSONError,
     to_json_value,
 )
+from veracity.worker.http import HttpClient
 from veracity.worker.trigger import trigger
 
 log = logging.getLogger("veracity.worker")
@@ -200,6 +202,7 @@ class Worker:
         ffqns: Sequence[str] | None = None,
         external: ExternalConfig | None = None,
         engines: Mapping[str, Engine] | None = None,
+        http: Bindings | None = None,
     ) -> None:
         self.store = store
         self.app = app
@@ -224,6 +227,8 @@ class Worker:
         self._stale: set[asyncio.Task[None]] = set()
         self.claimed_total = 0
         self.finished_total = 0
+        self.http = HttpClient(http)
+        """``ctx.http`` of every execution this worker runs (docs/http.md)."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -239,6 +244,8 @@ class Worker:
 
     async def run(self) -> None:
         """Register, work until :meth:`stop`, then drain and release."""
+        if self.http.is_closed:  # run again after a stop
+            self.http = HttpClient(self.http.bindings)
         await self._register()
         helpers = [asyncio.create_task(self._heartbeat_loop(), name="veracity-heartbeat")]
         if self.settings.notifications and self.store.supports_notifications:
@@ -252,6 +259,7 @@ class Worker:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await self.http.close_for_worker()
             try:
                 await self.store.worker_stop(self.id)
             except Exception as exc:
@@ -273,7 +281,8 @@ class Worker:
                 await self.store.worker_register(info)
                 log.info("worker started", extra={**EXTRA, "worker_id": self.id,
                                                    "workflows": self.ffqns,
-                                                   "deployment_id": self.deployment_id})
+                                                   "deployment_id": self.deployment_id,
+                                                   "http": self.http.bindings.describe()})
                 return
             except Exception as exc:
                 self._trouble.warning("db", "database unavailable, retrying: %s", exc)
@@ -370,6 +379,7 @@ class Worker:
                 clock_base=execution.updated_at,  # the claim's time, by the database
                 signal_seq=execution.signal_seq,
                 checkpoint=self._checkpointer.checkpoint,
+                http=self.http,
             )
             run.ctx = ctx
             if run.interrupt is not None:
