@@ -4,12 +4,16 @@ and where, and never quotes a secret's value."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
+from veracity._logging import JsonFormatter
 from veracity.bindings import (
     Bindings,
     load_secrets_file,
@@ -280,3 +284,27 @@ def test_resolved_values_are_redacted_from_text_and_json(tmp_path: Path) -> None
         "a": ["[secret control_token]", 1, None,
               {"[secret control_token]": "x[secret control_token]"}]}
     assert redact_text("nothing here") == "nothing here"
+
+
+def test_log_lines_never_carry_a_secret_value(tmp_path: Path) -> None:
+    # quotes and a backslash: JSON escapes them, so a search of the line for the value
+    # would miss it; the formatter redacts before escaping
+    value = 'tok-"' + uuid.uuid4().hex + '\\x'
+    resolve_http(settings_of(tmp_path), {"VERACITY_SECRET_CONTROL_TOKEN": value})
+    try:
+        raise RuntimeError(f"upstream answered 401 to Bearer {value}")
+    except RuntimeError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("veracity.worker", logging.ERROR, __file__, 1,
+                               "step failed: %s", (f"token {value}",), exc_info)
+    record.detail = {"headers": {"authorization": f"Bearer {value}"}, "n": 1}
+    record.seen = [value, 2]
+    line = JsonFormatter().format(record)
+    out = json.loads(line)
+    assert value not in line and value not in json.dumps(out, ensure_ascii=False)
+    assert value not in repr(out)
+    assert out["message"] == "step failed: token [secret control_token]"
+    assert out["detail"] == {"headers": {"authorization": "Bearer [secret control_token]"},
+                             "n": 1}
+    assert out["seen"] == ["[secret control_token]", 2]
+    assert "upstream answered 401 to Bearer [secret control_token]" in out["exception"]

@@ -16,7 +16,7 @@ import pytest
 
 from tests._echo import EchoServer, echo_server
 from tests.durable._support import SETTINGS, get, history, running, submit, wait_status
-from veracity import App, Context, StepFailed
+from veracity import App, Context, RetryPolicy, StepFailed
 from veracity.bindings import Bindings, resolve_http
 from veracity.config import Settings
 from veracity.core.states import Status
@@ -112,6 +112,34 @@ async def cookie_then_echo(http: httpx.AsyncClient, origin: str) -> dict[str, An
 @app.workflow("test:http/cookies.run")
 async def cookies(ctx: Context, origin: str) -> Any:
     return await ctx.step(cookie_then_echo, ctx.http, origin)
+
+
+async def echo_then_raise(http: httpx.AsyncClient, url: str) -> None:
+    answer = (await http.get(url)).text  # the echo server answers with the headers it got
+    raise RuntimeError(f"upstream answered: {answer}")
+
+
+async def echoed(http: httpx.AsyncClient, url: str) -> Any:
+    return (await http.get(url)).json()
+
+
+@app.workflow("test:http/keep.run")
+async def keep(ctx: Context, value: Any) -> Any:
+    return value
+
+
+@app.workflow("test:http/echoes.run")
+async def echoes(ctx: Context, url: str) -> Any:
+    """Every way an echoed secret could reach the database: a step's error (three tries),
+    a step's result, a scheduled execution's params, the workflow's own error."""
+    try:
+        await ctx.step_with(echo_then_raise, ctx.http, url,
+                            retry=RetryPolicy(max_attempts=3, initial_delay=0))
+    except StepFailed:
+        pass
+    answer = await ctx.step(echoed, ctx.http, url)
+    await ctx.schedule("test:http/keep.run", answer["headers"]["authorization"])
+    raise RuntimeError(f"giving up after {answer['headers']}")
 
 
 # --- fixtures --------------------------------------------------------------------------------
@@ -346,6 +374,37 @@ async def test_no_bindings_refuses_everything(
         f"ctx.http refused GET {a.origin}/x: the origin {a.origin} is not bound; no [[http]] "
         "bindings are configured (docs/http.md)")
     assert (await get(store, done.id)).attempt == 1
+
+
+# --- redaction ------------------------------------------------------------------------------
+
+
+async def test_a_secret_echoed_back_is_redacted_from_everything_stored(
+    store: Store, worker: Worker, servers: tuple[EchoServer, EchoServer, EchoServer],
+    secrets: dict[str, str],
+) -> None:
+    a, _, _ = servers
+    done = await run(store, "test:http/echoes.run", f"{a.origin}/echo")
+    assert done.status == Status.FAILED
+    value, shown = secrets["a_token"], "[secret a_token]"
+    # it did go out: three tries of the failing step, one of the next
+    sent = a.requests("/echo")
+    assert [s.headers["authorization"] for s in sent] == [f"Bearer {value}"] * 4
+    events = await history(store, done.id)
+    [failed] = [e for e in events if e.kind == STEP_FAILED]
+    assert failed.data["attempts"] == 3
+    assert f"Bearer {shown}" in failed.data["error"]["message"]
+    assert f"Bearer {shown}" in failed.data["error"]["traceback"]
+    [completed] = [e for e in events if e.kind == STEP_COMPLETED]
+    assert completed.data["result"]["headers"]["authorization"] == f"Bearer {shown}"
+    [scheduled] = [e for e in events if e.kind == "scheduled"]
+    assert scheduled.data["params"] == [f"Bearer {shown}"]
+    child = await get(store, uuid.UUID(scheduled.data["execution_id"]))
+    assert child.params == [f"Bearer {shown}"]
+    assert f"Bearer {shown}" in done.error["message"]
+    everything = repr([done, child, events])
+    assert value not in everything
+    assert everything.count(shown) >= 6
 
 
 # --- the client object -----------------------------------------------------------------------

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overload
 
+from veracity.bindings import redact_json, redact_text
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
 from veracity.core.retry import RetryPolicy
 from veracity.core.states import Status
@@ -141,19 +142,21 @@ def step_name(fn: Callable[..., Any]) -> str:
 
 
 def error_info(exc: BaseException) -> dict[str, str]:
+    # secret values (docs/http.md) are redacted from whatever is stored
     return {
         "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+        "message": redact_text(str(exc)),
+        "traceback": redact_text("".join(traceback.format_exception(exc)))[-4000:],
     }
 
 
 def to_json_value(value: Any, what: str) -> JSON:
     """Check that ``value`` survives a JSON round trip unchanged enough to replay."""
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        copied = json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise NotJSONError(f"{what} is not JSON-serialisable: {exc}") from None
+    return redact_json(copied)  # secret values (docs/http.md) are never stored
 
 
 @dataclass

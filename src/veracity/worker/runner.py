@@ -29,7 +29,7 @@ from typing import Any
 from veracity.adapters.base import Engine
 from veracity.adapters.config import ExternalConfig
 from veracity.app import App, WorkflowDef
-from veracity.bindings import Bindings
+from veracity.bindings import Bindings, redact_text
 from veracity.config import WorkerSettings
 from veracity.core.requests import InterruptKind
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
@@ -79,10 +79,11 @@ def new_worker_id() -> str:
 
 
 def workflow_error(code: str, exc: BaseException | None = None, message: str = "") -> JSON:
-    error: dict[str, JSON] = {"code": code, "message": message or str(exc)}
+    # secret values (docs/http.md) are redacted from whatever is stored
+    error: dict[str, JSON] = {"code": code, "message": redact_text(message or str(exc))}
     if exc is not None:
         error["type"] = type(exc).__name__
-        error["traceback"] = "".join(traceback.format_exception(exc))[-4000:]
+        error["traceback"] = redact_text("".join(traceback.format_exception(exc)))[-4000:]
     return error
 
 
