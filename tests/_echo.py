@@ -3,6 +3,10 @@
 a test sees both what went on the wire and what a step could make of an answer that echoes
 a secret.
 
+Every answer also carries the request's Authorization back in its ``X-Echo-Authorization``
+header (as some servers do in their errors), so a step's answer, and an HTTP library's
+debug log of the answer's headers, hold a secret to leak.
+
 Routes: any path echoes; ``/redirect?to=URL`` answers 302 to URL; ``/cookie`` sets a
 cookie; ``/status/<code>`` answers that status (with the echo as its body).
 """
@@ -55,6 +59,8 @@ class EchoServer:
                                       "headers": seen.headers,
                                       "body": body.decode("utf-8", "replace")}).encode()
                 self.send_response(status)
+                if "authorization" in seen.headers:
+                    extra["X-Echo-Authorization"] = seen.headers["authorization"]
                 for name, value in extra.items():
                     self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
