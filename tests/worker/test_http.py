@@ -7,6 +7,7 @@ refused and the bindings there are."""
 from __future__ import annotations
 
 import asyncio
+import traceback
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -22,7 +23,7 @@ from veracity.config import Settings
 from veracity.core.states import Status
 from veracity.store import Store, open_store
 from veracity.worker.context import STEP_COMPLETED, STEP_FAILED
-from veracity.worker.http import HttpClient, HttpOutsideStep, HttpRefused
+from veracity.worker.http import HttpClient, HttpOutsideStep, HttpRefused, step_scope
 from veracity.worker.runner import Worker
 
 app = App("tests-http")
@@ -430,6 +431,35 @@ async def test_the_client_shows_no_secret_and_stays_open(
     assert client.is_closed
     assert issubclass(HttpOutsideStep, HttpRefused)
     assert HttpRefused.retryable is False
+
+
+async def test_an_http_error_quoting_a_secret_is_raised_redacted(
+    bindings: Bindings, secrets: dict[str, str], servers: tuple[EchoServer, EchoServer, EchoServer],
+) -> None:
+    a, _, _ = servers
+    value = secrets["a_token"]
+
+    class Quoting(httpx.AsyncBaseTransport):
+        """A stand-in for the wire that quotes the header it was given in its error."""
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            try:
+                raise ValueError(f"illegal header value {request.headers['authorization']!r}")
+            except ValueError as exc:
+                raise httpx.LocalProtocolError(f"cannot send: {exc}") from exc
+
+    client = HttpClient(bindings)
+    client._guard._wire = Quoting()  # type: ignore[assignment]
+    try:
+        with step_scope(), pytest.raises(httpx.LocalProtocolError) as raised:
+            await client.get(f"{a.origin}/x")
+    finally:
+        await client.close_for_worker()
+    assert str(raised.value) == ("cannot send: illegal header value 'Bearer [secret a_token]'")
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+    assert value not in "".join(traceback.format_exception(raised.value))
+    assert raised.value.request.url == f"{a.origin}/x"
+    assert "authorization" not in raised.value.request.headers
 
 
 def test_a_context_without_a_client_says_so() -> None:

@@ -23,9 +23,12 @@ import httpx
 from httpx._client import UseClientDefault
 from httpx._types import AuthTypes
 
-from veracity.bindings import Bindings, holds_secret, redact_text
+from veracity.bindings import Binding, Bindings, holds_secret, redact_text
 
 __all__ = ["HttpClient", "HttpOutsideStep", "HttpRefused", "digestible", "step_scope"]
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class HttpRefused(Exception):
@@ -76,7 +79,7 @@ def _shown(url: httpx.URL) -> str:
     return f"{url.scheme}://{url.host}{port}{url.path}"
 
 
-def _outside_step(method: str, url: str) -> str | None:
+def _outside_step() -> str | None:
     scope = _STEP.get()
     if scope is None or not scope.open:
         return ("ctx.http is used outside a step; make the request in a step function "
@@ -98,22 +101,25 @@ class _Guard(httpx.AsyncBaseTransport):
         self.bindings = bindings
         self._wire: httpx.AsyncHTTPTransport | None = None  # made at the first request
 
-    def refusal(self, request: httpx.Request) -> HttpRefused | None:
+    def binding_for(self, request: httpx.Request) -> Binding:
+        """The binding that allows ``request``; else :class:`HttpRefused`, saying why."""
         method, url = request.method, _shown(request.url)
-        outside = _outside_step(method, url)
+        outside = _outside_step()
         if outside is not None:
-            return HttpOutsideStep(method, url, outside)
+            raise HttpOutsideStep(method, url, outside)
         scheme = request.url.scheme
-        port = request.url.port or {"http": 80, "https": 443}.get(scheme, 0)
+        port = request.url.port
+        if port is None:
+            port = _DEFAULT_PORTS.get(scheme, 0)
         host = request.url.raw_host.decode("ascii").lower()
         binding = self.bindings.for_origin(scheme, host, port)
         if binding is None:
-            return HttpRefused(method, url, f"the origin {scheme}://{host}:{port} is not "
-                               f"bound; {self._known()}")
+            raise HttpRefused(method, url, f"the origin {scheme}://{host}:{port} is not "
+                              f"bound; {self._known()}")
         if method not in binding.methods:
-            return HttpRefused(method, url, f"binding {binding.name} ({binding.origin}) allows "
-                               f"{', '.join(binding.methods)}, not {method}; {self._known()}")
-        return None
+            raise HttpRefused(method, url, f"binding {binding.name} ({binding.origin}) allows "
+                              f"{', '.join(binding.methods)}, not {method}; {self._known()}")
+        return binding
 
     def _known(self) -> str:
         if not self.bindings.items:
@@ -121,14 +127,7 @@ class _Guard(httpx.AsyncBaseTransport):
         return "the bindings are " + "; ".join(self.bindings.describe())
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        refused = self.refusal(request)
-        if refused is not None:
-            raise refused
-        scheme = request.url.scheme
-        port = request.url.port or {"http": 80, "https": 443}[scheme]
-        binding = self.bindings.for_origin(
-            scheme, request.url.raw_host.decode("ascii").lower(), port)
-        assert binding is not None
+        binding = self.binding_for(request)
         headers = request.headers.copy()
         for name, value in binding.headers():
             headers[name] = value  # the binding's header wins over the step's own
@@ -139,8 +138,10 @@ class _Guard(httpx.AsyncBaseTransport):
         try:
             return await self._wire.handle_async_request(wire)
         except Exception as exc:
-            # No message of the HTTP stack is known to quote a header; should one ever,
-            # the step's error must not carry it: the same error, the value redacted.
+            # The HTTP stack may quote a header in its errors (h11 quotes a value it finds
+            # illegal; bound values are checked at start so that theirs never is): should
+            # one quote a secret, the step's error must not carry it. The same error type,
+            # the value redacted, and without the chain that quoted it.
             text = "".join(str(e) for e in _chain(exc))
             if not holds_secret(text):
                 raise
