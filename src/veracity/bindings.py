@@ -14,9 +14,10 @@ a header's value may name secrets (``${secret:NAME}``), never hold them::
 :func:`resolve_http` reads the secrets they name, at the start of a server or a worker, from
 ``VERACITY_SECRET_<NAME>`` or the ``secrets_file``. The values live only in the
 :class:`Bindings` it returns and in this module's redaction registry: every text a process
-writes (step results and errors, workflow results and errors, log lines) passes through
-:func:`redact_text` or :func:`redact_json`, so a value that reached such a text by any path
-(an API echoing the header into an error message, say) is replaced before it is stored.
+writes (step results and errors, params of the executions a workflow starts, workflow
+results and errors, log lines) passes through :func:`redact_text` or :func:`redact_json`,
+so a value that reached such a text by any path (an API echoing the header into an error
+message, say) is replaced before it is stored.
 """
 
 from __future__ import annotations
