@@ -345,8 +345,6 @@ def test_engine_tables_are_read_raw_for_their_own_check(tmp_path: Path) -> None:
         ('[[cron]]\nschedule = "*/5 * * * *"\nffqn = "a:b/c.d"\n', 3, "cron"),
         ("[[tokens]]\nname = \"ci\"\n", 3, "tokens"),
         ('[tokens]\nci = "s3cret"\n', 3, "tokens"),
-        ('[secrets]\nn8n_api_key = "env:N8N_API_KEY"\n', 3, "secrets"),
-        ('secrets_file = "/etc/veracity/secrets"\n', 3, "secrets_file"),
         ('[auth]\nmode = "token"\n', 3, "auth"),
         ('auth.mode = "token"\n', 3, "auth"),
     ],

@@ -10,11 +10,14 @@ from veracity.worker.context import (
     NotJSONError,
     StepFailed,
 )
+from veracity.worker.http import HttpOutsideStep, HttpRefused
 
 __all__ = [
     "App",
     "Context",
     "ExecutionInterrupted",
+    "HttpOutsideStep",
+    "HttpRefused",
     "NondeterminismError",
     "NotJSONError",
     "RetryPolicy",

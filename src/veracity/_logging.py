@@ -8,6 +8,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from veracity.bindings import redact_json, secrets_known
+
 _STANDARD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime", "color_message"}
 
 
@@ -24,6 +26,10 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
+        if secrets_known():
+            # a secret value (docs/http.md) is never written, whatever logged it: every
+            # string redacted before JSON escapes could hide a value from the search
+            out = redact_json(json.loads(json.dumps(out, default=str)))
         return json.dumps(out, default=str)
 
 
@@ -41,3 +47,4 @@ def setup_logging(level: str = "info") -> None:
     # the pool logs every failed reconnection attempt; during an outage Veracity's own
     # lines (rate-limited, with counts) say it once in a while instead
     logging.getLogger("psycopg.pool").setLevel("ERROR")
+

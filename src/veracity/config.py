@@ -5,7 +5,7 @@ validation failure into a one-line ``ConfigError`` naming where the bad value ca
 ``veracity.toml:3: worker.concurrency: ...``, ``VERACITY_PORT: ...`` or ``--port: ...``.
 A key this version does not implement is never ignored: a misspelled one is an ``unknown
 key``, one that names a feature Veracity does not have yet (``[[cron]]``, ``tokens``,
-``secrets``, ...) is ``not supported by this version of Veracity``.
+...) is ``not supported by this version of Veracity``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from veracity.bindings import HttpBinding, check_bindings
 from veracity.errors import ConfigError
 
 __all__ = [
@@ -73,11 +74,18 @@ ENV_VARS: dict[str, str] = {
     "reconciler.engine_timeout": "VERACITY_ENGINE_TIMEOUT",
     "reconciler.stop_flag_after": "VERACITY_STOP_FLAG_AFTER",
     "public_url": "VERACITY_PUBLIC_URL",
+    "secrets_file": "VERACITY_SECRETS_FILE",
 }
 
 # Top-level keys of features this version does not have: refused at start, never ignored.
-NOT_SUPPORTED: frozenset[str] = frozenset({"cron", "tokens", "secrets", "secrets_file", "auth"})
+NOT_SUPPORTED: frozenset[str] = frozenset({"cron", "tokens", "auth"})
 _NOT_SUPPORTED_REASON = "not supported by this version of Veracity"
+# Top-level keys refused for a reason of their own.
+_REFUSED: dict[str, str] = {
+    "secrets": "secret values never sit in veracity.toml: set VERACITY_SECRET_<NAME> or name "
+               "a secrets_file, and refer to them as ${secret:NAME} in an [[http]] entry's "
+               "headers (docs/http.md)",
+}
 
 # ---------------------------------------------------------------------------
 # Durations
@@ -221,6 +229,16 @@ class Settings(_Model):
     # File-only tables, validated entry by entry at start (veracity.adapters.config.parse_external).
     engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
     external_workflow: list[dict[str, Any]] = Field(default_factory=list)
+    # Secret header bindings of ctx.http (docs/http.md): names of secrets, never values;
+    # the values are read at the start of a server or worker (veracity.bindings).
+    http: list[HttpBinding] = Field(default_factory=list)
+    secrets_file: Path | None = None
+
+    @field_validator("http")
+    @classmethod
+    def _bindings_unique(cls, value: list[HttpBinding]) -> list[HttpBinding]:
+        check_bindings(value)
+        return value
 
     @field_validator("app")
     @classmethod
@@ -241,6 +259,7 @@ _DEFAULT_TEXT = {
     "deployment_id": "digest of the workflow code",
     "worker.heartbeat_interval": "lease_ttl / 4",
     "public_url": "http://<host>:<port>",
+    "secrets_file": "none",
 }
 _DURATION_KEYS = {
     "worker.lease_ttl",
@@ -356,10 +375,10 @@ def _read(config: _ConfigFile) -> tuple[dict[str, Any], str]:
         where = f"{config.shown}:{line}" if line else config.shown
         raise ConfigError(f"{where}: config_path: unknown key")
     for key in data:
-        if key in NOT_SUPPORTED:  # before any other error: the file asks for what is not here
+        if key in NOT_SUPPORTED or key in _REFUSED:  # before any other error
             line = _find_line(text, (key,))
             where = f"{config.shown}:{line}" if line else config.shown
-            raise ConfigError(f"{where}: {key}: {_NOT_SUPPORTED_REASON}")
+            raise ConfigError(f"{where}: {key}: {_REFUSED.get(key, _NOT_SUPPORTED_REASON)}")
     return data, text
 
 

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from veracity.api import create_api
 from veracity.api.transport import protocol_with
 from veracity.app import App
+from veracity.bindings import resolve_http
 from veracity.config import Settings
 from veracity.control import ServiceMetrics
 from veracity.errors import ConfigError
@@ -62,6 +63,8 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
+        # a secret a binding names and nobody defined stops the start (docs/http.md)
+        bindings = resolve_http(settings)
         runtime: Runtime = await open_runtime(settings, migrate=True, engines=True)
         runtime.service.metrics = ServiceMetrics(registry)
         api.state.service = runtime.service
@@ -89,7 +92,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
         if wants_worker(settings, with_worker) and runnable:
             worker = Worker(runtime.store, runtime.app or App(), settings=settings.worker,
                             deployment_id=runtime.deployment_id, external=runtime.external,
-                            engines=engines)
+                            engines=engines, http=bindings)
             runtime.service.on_submitted = worker.wake
             runtime.service.on_interrupt = worker.interrupted
             tasks.append(asyncio.create_task(worker.run(), name="veracity-worker"))
@@ -101,6 +104,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
                 "deployment_id": runtime.deployment_id,
                 "workflows": sorted(runtime.app.workflows) if runtime.app else [],
                 "worker": worker.id if worker else None,
+                "http": bindings.describe(),
             },
         )
         try:

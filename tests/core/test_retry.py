@@ -126,6 +126,20 @@ def test_non_retryable_fails_at_once_including_subclasses() -> None:
     assert not p.should_retry(10, ValueError("limit"))
 
 
+def test_an_error_that_says_it_is_permanent_fails_at_once() -> None:
+    # ctx.http's refusals (docs/http.md) carry retryable = False: asking again changes nothing
+    class Refused(Exception):
+        retryable = False
+
+    class SaysRetry(Exception):
+        retryable = True
+
+    p = RetryPolicy(max_attempts=10)
+    assert not p.should_retry(1, Refused("no"))
+    assert p.should_retry(1, SaysRetry("yes"))
+    assert p.should_retry(1, Transient("no attribute: as before"))
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

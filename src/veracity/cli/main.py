@@ -163,10 +163,12 @@ def server(config_path: str | None, database_url: str | None, app: str | None,
     setup_logging(settings.log_level)
     try:
         from veracity.adapters.config import parse_external
+        from veracity.bindings import resolve_http
         from veracity.runtime import load_user_app
 
         load_user_app(settings)  # fail fast, before binding the port
         parse_external(settings)  # a misconfigured engine is named at start
+        resolve_http(settings)  # and so is a binding whose secret is not defined
     except ConfigError as exc:
         raise Failure(str(exc)) from None
     sys.exit(run_server(settings, with_worker=with_worker))

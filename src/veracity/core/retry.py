@@ -13,7 +13,8 @@ class RetryPolicy:
     ``max_attempts`` counts the first try (1 = no retries). The n-th retry waits
     ``initial_delay * backoff ** (n - 1)`` seconds, capped at ``max_delay``, then spread by
     ``± jitter`` (a fraction) so that many failing steps do not retry in lock step.
-    Exceptions of a ``non_retryable`` type fail the step at once.
+    Exceptions of a ``non_retryable`` type fail the step at once, and so does an exception
+    that says it is permanent with ``retryable = False`` (as ``ctx.http``'s refusals do).
 
     The defaults ride out a short outage of what a step calls: 6 tries, waiting about 1, 2,
     4, 8 and 16 s in between (about half a minute in all) before the step fails.
@@ -41,7 +42,7 @@ class RetryPolicy:
 
     def should_retry(self, attempts_made: int, error: BaseException) -> bool:
         """After ``attempts_made`` tries that ended in ``error``, try again?"""
-        if isinstance(error, self.non_retryable):
+        if isinstance(error, self.non_retryable) or getattr(error, "retryable", True) is False:
             return False
         return attempts_made < self.max_attempts
 

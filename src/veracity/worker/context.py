@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Generator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overload
 
+from veracity.bindings import redact_json, redact_text
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
 from veracity.core.retry import RetryPolicy
 from veracity.models import JSON, Claim, HistoryEvent, NewExecution, TransitionResult
@@ -62,6 +63,7 @@ from veracity.worker.journal import (
     outcome_of,
     step_name,
 )
+from veracity.worker.http import HttpClient, digestible, step_scope
 
 if TYPE_CHECKING:
     from veracity.store.protocol import JournalStore
@@ -109,19 +111,21 @@ DEFAULT_STEP_RETRY = RetryPolicy()
 
 
 def error_info(exc: BaseException) -> dict[str, str]:
+    # secret values (docs/http.md) are redacted from whatever is stored
     return {
         "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+        "message": redact_text(str(exc)),
+        "traceback": redact_text("".join(traceback.format_exception(exc)))[-4000:],
     }
 
 
 def to_json_value(value: Any, what: str) -> JSON:
     """Check that ``value`` survives a JSON round trip unchanged enough to replay."""
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        copied = json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise NotJSONError(f"{what} is not JSON-serialisable: {exc}") from None
+    return redact_json(copied)  # secret values (docs/http.md) are never stored
 
 
 class Scheduled(uuid.UUID):
@@ -193,8 +197,10 @@ class Context:
         signal_seq: int = 0,
         checkpoint: Callable[[Claim, str, JSON], Awaitable[TransitionResult]] | None = None,
         retry: int = 0,
+        http: HttpClient | None = None,
     ) -> None:
         self._store = store
+        self._http = http
         # a workflow retry starts afresh: the ids of its children, schedules and join sets
         # must not be those of an earlier try's (docs/workflows.md)
         self._try = f"r{retry}:" if retry else ""
@@ -286,6 +292,15 @@ class Context:
 
     # -- the workflow API --------------------------------------------------------------
 
+    @property
+    def http(self) -> HttpClient:
+        """The worker's HTTP client, held to the ``[[http]]`` bindings: usable inside a
+        step only (docs/http.md), e.g. ``await ctx.step(fetch, ctx.http, url)``."""
+        if self._http is None:
+            raise RuntimeError("ctx.http: this context has no HTTP client (a worker gives "
+                               "one to each execution it runs)")
+        return self._http
+
     @overload
     async def step(
         self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
@@ -326,7 +341,7 @@ class Context:
         self._check()
         pos = self._next_position()
         label = name or step_name(fn)
-        digest = args_digest(args, kwargs)
+        digest = args_digest(digestible(args), kwargs)
         recorded = self._recorded(pos, (STEP_COMPLETED, STEP_FAILED), f"step {label}")
         if recorded is not None:
             return self._replay(pos, label, digest, recorded)
@@ -336,7 +351,8 @@ class Context:
         while True:
             attempts += 1
             try:
-                value = await self._invoke(fn, args, kwargs)
+                with step_scope():  # ctx.http sends from here only
+                    value = await self._invoke(fn, args, kwargs)
                 result = to_json_value(value, f"the result of step {label}")
             except NotJSONError:
                 raise

@@ -9,6 +9,7 @@ import signal
 from veracity.adapters import build_engines, close_engines
 from veracity.adapters.config import parse_external
 from veracity.app import App
+from veracity.bindings import resolve_http
 from veracity.config import Settings
 from veracity.errors import ConfigError
 from veracity.maintenance._loop import run_forever
@@ -51,6 +52,8 @@ async def run_worker(settings: Settings) -> int:
     if not app.workflows and not external.workflows:
         raise ConfigError("a worker needs workflows to run: set app (VERACITY_APP) or "
                           "[[external_workflow]] entries")
+    # a secret a binding names and nobody defined stops the start (docs/http.md)
+    bindings = resolve_http(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     worker: Worker | None = None
@@ -70,7 +73,7 @@ async def run_worker(settings: Settings) -> int:
         worker = Worker(
             store, app, settings=settings.worker,
             deployment_id=deployment_id_for(settings, app),
-            external=external, engines=engines,
+            external=external, engines=engines, http=bindings,
         )
         if stop.is_set():
             return 0

@@ -30,6 +30,7 @@ from typing import Any, cast
 from veracity.adapters.base import Engine
 from veracity.adapters.config import ExternalConfig
 from veracity.app import App, WorkflowDef
+from veracity.bindings import Bindings, redact_text
 from veracity.config import WorkerSettings
 from veracity.core.requests import InterruptKind
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
@@ -44,6 +45,7 @@ from veracity.worker.context import (
     to_json_value,
 )
 from veracity.worker.journal import retries_made
+from veracity.worker.http import HttpClient
 from veracity.worker.trigger import trigger
 
 log = logging.getLogger("veracity.worker")
@@ -82,10 +84,11 @@ def new_worker_id() -> str:
 
 
 def workflow_error(code: str, exc: BaseException | None = None, message: str = "") -> JSON:
-    error: dict[str, JSON] = {"code": code, "message": message or str(exc)}
+    # secret values (docs/http.md) are redacted from whatever is stored
+    error: dict[str, JSON] = {"code": code, "message": redact_text(message or str(exc))}
     if exc is not None:
         error["type"] = type(exc).__name__
-        error["traceback"] = "".join(traceback.format_exception(exc))[-4000:]
+        error["traceback"] = redact_text("".join(traceback.format_exception(exc)))[-4000:]
     return error
 
 
@@ -237,6 +240,7 @@ class Worker:
         ffqns: Sequence[str] | None = None,
         external: ExternalConfig | None = None,
         engines: Mapping[str, Engine] | None = None,
+        http: Bindings | None = None,
     ) -> None:
         self.store: WorkerStore = (
             store if store.supports_notifications
@@ -264,6 +268,8 @@ class Worker:
         self._hints: set[asyncio.Task[None]] = set()
         self.claimed_total = 0
         self.finished_total = 0
+        self.http = HttpClient(http)
+        """``ctx.http`` of every execution this worker runs (docs/http.md)."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -293,6 +299,8 @@ class Worker:
 
     async def run(self) -> None:
         """Register, work until :meth:`stop`, then drain and release."""
+        if self.http.is_closed:  # run again after a stop
+            self.http = HttpClient(self.http.bindings)
         await self._register()
         helpers = [asyncio.create_task(self._heartbeat_loop(), name="veracity-heartbeat")]
         if self.settings.notifications and self.store.supports_notifications:
@@ -306,6 +314,7 @@ class Worker:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await self.http.close_for_worker()
             try:
                 await self.store.worker_stop(self.id)
             except Exception as exc:
@@ -327,7 +336,8 @@ class Worker:
                 await self.store.worker_register(info)
                 log.info("worker started", extra={**EXTRA, "worker_id": self.id,
                                                    "workflows": self.ffqns,
-                                                   "deployment_id": self.deployment_id})
+                                                   "deployment_id": self.deployment_id,
+                                                   "http": self.http.bindings.describe()})
                 return
             except Exception as exc:
                 self._trouble.warning("db", "database unavailable, retrying: %s", exc)
@@ -425,6 +435,7 @@ class Worker:
                 signal_seq=execution.signal_seq,
                 checkpoint=self._checkpointer.checkpoint,
                 retry=run.retries,
+                http=self.http,
             )
             run.ctx = ctx
             if run.interrupt is not None:
