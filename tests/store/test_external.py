@@ -1345,3 +1345,26 @@ async def test_checkpoint_many_fails_whole_when_history_insert_fails(
         await assert_unchanged(store, eid, snap)
     results = await store.execution_checkpoint_many_if_owned("w", items)
     assert results == [TransitionResult(True, None)] * 3
+
+
+async def test_a_late_id_for_a_forced_end_is_surfaced_on_the_flagged_list(
+    store: Store, clock: ManualClock
+) -> None:
+    """An operator ended a run whose trigger had not answered (no id: the operator's word);
+    the engine's id arriving afterwards is kept as a late report AND said on the flagged
+    list, since the run exists and may still be going."""
+    eid = await delegated(store)
+    assert (await operator_ends(store, eid, "fail")).changed
+    clock.advance(1)
+
+    res = await store.execution_record_external_id(eid, "run-9")
+
+    assert not res.changed and res.refused is not None
+    ex = await get(store, eid)
+    assert ex.status == Status.FAILED_TRANSIENT and ex.flag_kind == "forced"
+    assert ex.flag_reason is not None and ex.flag_reason.endswith(
+        "; the engine's id run-9 arrived afterwards: its run exists and may still be going, "
+        "check it in the engine")
+    assert (await assert_history_consistent(store, eid))[-1].kind == "late_report"
+    assert [e.id for e in await store.execution_list(ExecutionFilter(flagged=True),
+                                                     limit=10)] == [eid]

@@ -595,6 +595,12 @@ def record_external_id(execution_id: uuid.UUID, external_id: str, actor: str,
         return ControlResult(None)
     current = execution_from(row)
     if not _delegated_without_id(current):
+        if current.flag_kind == str(FlagKind.FORCED) and current.external_execution_id is None:
+            # ended on an operator's word while its trigger was unanswered: the engine's id
+            # arriving now says the run exists and may be going; the flagged list says so
+            yield Query("execution_flag_note", {"id": execution_id, "note": (
+                f"; the engine's id {external_id} arrived afterwards: its run exists and "
+                "may still be going, check it in the engine")})
         yield Query("execution_bump_history", {"id": execution_id, "by": 1})
         yield from _events(execution_id, current.history_seq, [("late_report", {
             "report": "external_id", "payload": {"external_execution_id": external_id},

@@ -38,6 +38,7 @@ from veracity.worker.errors import (
     NotJSONError,
     StepFailed,
 )
+from veracity.worker.http import HttpClient, digestible, step_scope
 from veracity.worker.journal import (
     CHILD_SUBMITTED,
     JOIN_NEXT,
@@ -63,7 +64,6 @@ from veracity.worker.journal import (
     outcome_of,
     step_name,
 )
-from veracity.worker.http import HttpClient, digestible, step_scope
 
 if TYPE_CHECKING:
     from veracity.store.protocol import JournalStore

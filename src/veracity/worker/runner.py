@@ -44,8 +44,8 @@ from veracity.worker.context import (
     NotJSONError,
     to_json_value,
 )
-from veracity.worker.journal import retries_made
 from veracity.worker.http import HttpClient
+from veracity.worker.journal import retries_made
 from veracity.worker.trigger import trigger
 
 log = logging.getLogger("veracity.worker")

@@ -602,6 +602,10 @@ UPDATE veracity_executions SET
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
 RETURNING *
 
+-- name: execution_flag_note
+-- more about why an execution is on the flagged list (a late report that concerns it)
+UPDATE veracity_executions SET flag_reason = flag_reason || %(note)s WHERE id = %(id)s
+
 -- name: execution_flag_counts
 SELECT flag_kind, count(*) AS n FROM veracity_executions
 WHERE flagged_at IS NOT NULL

@@ -491,6 +491,10 @@ UPDATE veracity_executions SET
 WHERE id = :id AND status IN (SELECT value FROM json_each(:from_states))
 RETURNING *
 
+-- name: execution_flag_note
+-- more about why an execution is on the flagged list (a late report that concerns it)
+UPDATE veracity_executions SET flag_reason = flag_reason || :note WHERE id = :id
+
 -- name: execution_flag_counts
 SELECT flag_kind, count(*) AS n FROM veracity_executions
 WHERE flagged_at IS NOT NULL
