@@ -1,0 +1,151 @@
+"""Every example in README.md and docs/ is complete: each Python block runs (a document's
+blocks together, as one module, the way a reader would paste them), each TOML block loads
+as Veracity's configuration, each ``veracity`` command in a shell block is one the CLI
+has with options it takes, and each ``curl`` names a route the API serves. The guides
+whose examples need a running system are also run end to end by their own tests
+(test_workflows_guide.py, test_external_guide.py, test_http_guide.py, ...).
+
+And the README's list of an execution's fields is exactly what the API answers."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from veracity.api import create_api
+from veracity.api.schemas import ExecutionOut
+from veracity.cli.main import cli
+from veracity.config import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def examples(kind: str) -> list[tuple[Path, str]]:
+    out: list[tuple[Path, str]] = []
+    for path in DOCS:
+        for lang, body in FENCE.findall(path.read_text()):
+            if lang == kind:
+                out.append((path, body))
+    return out
+
+
+def test_the_documents_have_examples_of_each_kind() -> None:
+    assert len(examples("python")) >= 10
+    assert len(examples("toml")) >= 4
+    assert len(examples("sh")) >= 8
+
+
+@pytest.mark.parametrize("doc", sorted({p for p, _ in examples("python")}),
+                         ids=lambda p: p.name)
+def test_python_examples_run(doc: Path, tmp_path: Path) -> None:
+    code = "\n\n".join(body for path, body in examples("python") if path == doc)
+    module_path = tmp_path / f"example_{doc.stem.lower()}.py"
+    module_path.write_text(code)
+    spec = importlib.util.spec_from_file_location(module_path.stem, module_path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_path.stem] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop(module_path.stem, None)
+
+
+@pytest.mark.parametrize(("doc", "body"), examples("toml"),
+                         ids=lambda v: v.name if isinstance(v, Path) else "")
+def test_toml_examples_load_as_configuration(
+    doc: Path, body: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = body.lstrip().splitlines()[0]
+    if first.startswith("#") and "secrets" in first:
+        # a secrets file (docs/http.md): names and values, read by the bindings
+        from veracity.bindings import load_secrets_file
+
+        secrets = tmp_path / "secrets.toml"
+        secrets.write_text(body)
+        secrets.chmod(0o600)
+        assert load_secrets_file(secrets)
+        return
+    config = tmp_path / "veracity.toml"
+    config.write_text(body)
+    for var in set(re.findall(r'_env\s*=\s*"([A-Z0-9_]+)"', body)):
+        monkeypatch.setenv(var, "an-example-value")
+    settings = load_settings(config_path=config)
+    assert settings.config_path == config
+
+
+def _commands() -> dict[str, click.Command]:
+    found: dict[str, click.Command] = {}
+    for name, command in cli.commands.items():
+        found[name] = command
+        if isinstance(command, click.Group):
+            for sub, sub_command in command.commands.items():
+                found[f"{name} {sub}"] = sub_command
+    return found
+
+
+def _shell_lines() -> list[tuple[Path, str]]:
+    out: list[tuple[Path, str]] = []
+    for path, body in examples("sh"):
+        joined = body.replace("\\\n", " ")
+        for line in joined.splitlines():
+            line = line.split(" #")[0].strip().rstrip("&").strip()
+            if line and not line.startswith("#"):
+                out.append((path, line))
+    return out
+
+
+VERACITY_LINES = [(p, line) for p, line in _shell_lines()
+                  if re.match(r"(\.venv/bin/)?veracity\b", line)]
+CURL_LINES = [(p, line) for p, line in _shell_lines() if line.startswith("curl ")]
+
+
+@pytest.mark.parametrize(("doc", "line"), VERACITY_LINES,
+                         ids=[f"{p.name}:{i}" for i, (p, _) in enumerate(VERACITY_LINES)])
+def test_veracity_commands_in_examples_exist(doc: Path, line: str) -> None:
+    words = shlex.split(line.replace("<", "'<").replace(">", ">'"))[1:]
+    commands = _commands()
+    name = " ".join(words[:2]) if " ".join(words[:2]) in commands else words[0]
+    assert name in commands, f"{doc.name}: no command `veracity {name}`"
+    command = commands[name]
+    taken = {opt for param in command.params for opt in getattr(param, "opts", [])}
+    for word in words[len(name.split()):]:
+        if word.startswith("--"):
+            assert word.split("=")[0] in taken, f"{doc.name}: {name} takes no {word}"
+
+
+@pytest.mark.parametrize(("doc", "line"), CURL_LINES,
+                         ids=[f"{p.name}:{i}" for i, (p, _) in enumerate(CURL_LINES)])
+def test_curl_examples_name_routes_the_api_serves(doc: Path, line: str) -> None:
+    words = shlex.split(line)
+    method = "GET"
+    if "-XPOST" in words or ("-X" in words and words[words.index("-X") + 1] == "POST"):
+        method = "POST"
+    if "-XPUT" in words or ("-X" in words and words[words.index("-X") + 1] == "PUT"):
+        method = "PUT"
+    url = next(w for w in words if "localhost" in w or "127.0.0.1" in w)
+    url = url.split("://", 1)[-1]
+    path = "/" + url.split("/", 1)[1] if "/" in url else "/"
+    path = path.split("?")[0]
+    paths = create_api().openapi()["paths"]
+    matching = [p for p in paths if re.fullmatch(re.sub(r"\{[^}]+\}", "[^/]+", p), path)]
+    assert matching, f"{doc.name}: no route for {path}"
+    assert any(method.lower() in paths[p] for p in matching), f"{doc.name}: {method} {path}"
+
+
+def test_the_readme_lists_exactly_the_fields_of_an_execution() -> None:
+    text = (ROOT / "README.md").read_text()
+    match = re.search(r"An execution is `\{([^}]*)\}`", text, flags=re.S)
+    assert match, "the README no longer lists an execution's fields"
+    listed = [f.strip() for f in match.group(1).replace("\n", " ").split(",")]
+    assert listed == list(ExecutionOut.model_fields), (
+        "README.md's field list and ExecutionOut differ: "
+        f"{sorted(set(listed) ^ set(ExecutionOut.model_fields))}")
