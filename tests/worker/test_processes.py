@@ -164,7 +164,10 @@ def warnings_of(w: WorkerProcess) -> list[dict[str, Any]]:
 async def test_competing_workers_complete_each_execution_exactly_once(
     database_url: str, store: Store, procs: Processes
 ) -> None:
-    workers = [procs.worker(database_url) for _ in range(3)]
+    # leases long enough that a busy machine cannot make one expire: this test is about
+    # claims never handing one execution to two workers, not about lease expiry
+    long_leases = {"VERACITY_LEASE_TTL": "30", "VERACITY_HEARTBEAT_INTERVAL": "1"}
+    workers = [procs.worker(database_url, env=long_leases) for _ in range(3)]
     worker_ids = await registered(*workers)
     total = 2000
     ids = await submit(store, NOOP, [], n=total)
