@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,8 @@ import httpx
 import psycopg
 import pytest
 
-from tests._needs import missing
-from tests._pg import ClusterError, TempCluster, find_pg_bin_dir, free_port
+from tests._cluster import private_cluster  # noqa: F401 - the fixture `cluster`
+from tests._pg import TempCluster, free_port
 from tests.worker._procs import Processes, WorkerProcess, veracity_bin, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -28,21 +27,6 @@ RECOVERY_BOUND = 3.0
 ANSWER_BOUND = 5.0
 STEPS = "test:steps/run.fn"
 ECHO = "test:echo/run.fn"
-
-
-@pytest.fixture
-def cluster() -> Iterator[TempCluster]:
-    if find_pg_bin_dir() is None:
-        missing("PostgreSQL's server binaries (initdb, pg_ctl) are needed for a private cluster")
-    c = TempCluster()
-    try:
-        c.start()
-    except ClusterError as exc:
-        missing(f"a private PostgreSQL cluster could not start: {exc}")
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def requests_for_every_route(eid: str) -> list[tuple[str, str, dict[str, Any] | None]]:
@@ -55,6 +39,7 @@ def requests_for_every_route(eid: str) -> list[tuple[str, str, dict[str, Any] | 
         ("GET", base, None),
         ("GET", f"{base}/history", None),
         ("PUT", f"{base}/cancel", None),
+        ("PUT", f"{base}/retry", None),
         ("PUT", f"{base}/pause", None),
         ("PUT", f"{base}/unpause", None),
         ("POST", f"{base}/messages", {"topic": "t", "payload": 1}),

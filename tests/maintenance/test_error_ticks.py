@@ -5,33 +5,16 @@ cluster that the test stops and starts again, never the shared one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests._needs import missing
-from tests._pg import ClusterError, TempCluster, find_pg_bin_dir
+from tests._cluster import private_cluster  # noqa: F401 - the fixture `cluster`
+from tests._pg import TempCluster
 from veracity.maintenance._loop import Service
 from veracity.maintenance.reconciler import ReconcilerMetrics, ReconcilerService
 from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
 from veracity.store import open_store
-
-
-@pytest.fixture
-def cluster() -> Iterator[TempCluster]:
-    if find_pg_bin_dir() is None:
-        missing("PostgreSQL's server binaries (initdb, pg_ctl) are needed for a private cluster")
-    c = TempCluster()
-    try:
-        c.start()
-    except ClusterError as exc:
-        missing(f"a private PostgreSQL cluster could not start: {exc}")
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def ticks(registry: CollectorRegistry, service: str, outcome: str) -> float:
