@@ -1,0 +1,478 @@
+"""The Python client of Veracity's HTTP API: :class:`Client` and :class:`AsyncClient`.
+
+Submit executions (one, or up to 1,000 in one request), wait for them (long polls the
+server: no busy loop), read their results, cancel, pause, send messages, list and read
+histories — with typed exceptions that carry the API's error code (docs/client.md).
+httpx does the HTTP; nothing of Veracity's server is imported, so a client starts fast.
+
+    from veracity import Client
+
+    with Client("http://127.0.0.1:8000") as client:
+        execution = client.submit("shop:orders/process.run", "order-1", 2500)
+        print(client.result(execution.id, timeout=60))
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "DEFAULT_URL",
+    "ApiError",
+    "AsyncClient",
+    "Client",
+    "ClientExecution",
+    "ConflictError",
+    "DatabaseUnavailable",
+    "ExecutionFailed",
+    "Forbidden",
+    "HistoryItem",
+    "InvalidRequest",
+    "NotFoundError",
+    "PayloadTooLarge",
+    "ServerUnreachable",
+    "Submission",
+    "Unauthorized",
+    "WaitTimeout",
+]
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+TERMINAL = frozenset({"completed", "failed", "failed_transient", "cancelled"})
+WAIT_STEP = 30.0
+"""Seconds one long poll waits at most (the server answers at once when it ends)."""
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """An error answered by the API: ``status`` (HTTP), ``code`` (the API's error code,
+    e.g. ``wrong_state``), ``message``, and ``details`` (anything else it said)."""
+
+    def __init__(self, status: int, code: str, message: str,
+                 details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = dict(details or {})
+
+
+class InvalidRequest(ApiError):
+    """400 or 422: the request itself is wrong (``details`` may list the fields)."""
+
+
+class Unauthorized(ApiError):
+    """401: no token, or one the server does not take."""
+
+
+class Forbidden(ApiError):
+    """403: the token lacks the scope the route needs."""
+
+
+class NotFoundError(ApiError):
+    """404: no such execution (or route)."""
+
+
+class ConflictError(ApiError):
+    """409: the request does not apply to the execution's state (``details["state"]``)."""
+
+
+class PayloadTooLarge(ApiError):
+    """413: the body, or a batch, is larger than the server takes."""
+
+
+class DatabaseUnavailable(ApiError):
+    """503: the server's database did not answer; try again shortly."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: InvalidRequest, 401: Unauthorized, 403: Forbidden, 404: NotFoundError,
+    409: ConflictError, 413: PayloadTooLarge, 415: InvalidRequest, 422: InvalidRequest,
+    503: DatabaseUnavailable,
+}
+
+
+class ServerUnreachable(Exception):
+    """The server did not answer at all (refused, unreachable, timed out)."""
+
+
+class WaitTimeout(TimeoutError):
+    """:meth:`Client.wait` or :meth:`Client.result` ran out of time; ``execution`` is its
+    state then."""
+
+    def __init__(self, execution: ClientExecution) -> None:
+        super().__init__(f"execution {execution.id} is still {execution.status}")
+        self.execution = execution
+
+
+class ExecutionFailed(Exception):
+    """:meth:`Client.result` of an execution that did not complete: ``execution`` holds
+    its status and error."""
+
+    def __init__(self, execution: ClientExecution) -> None:
+        super().__init__(f"execution {execution.id} ended {execution.status}: "
+                         f"{execution.error!r}")
+        self.execution = execution
+
+
+# -- values ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """One submission of a batch (:meth:`Client.submit_many`)."""
+
+    ffqn: str
+    params: Sequence[Any] = ()
+    idempotency_key: str | None = None
+    scheduled_at: datetime | None = None
+    paused: bool = False
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"ffqn": self.ffqn, "params": list(self.params)}
+        if self.idempotency_key is not None:
+            body["idempotency_key"] = self.idempotency_key
+        if self.scheduled_at is not None:
+            body["scheduled_at"] = self.scheduled_at.isoformat()
+        if self.paused:
+            body["paused"] = True
+        return body
+
+
+def _time(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientExecution:
+    """An execution as the API answers it (README: "An execution is ...")."""
+
+    id: str
+    ffqn: str
+    status: str
+    params: list[Any] | None = None
+    result: Any = None
+    error: Any = None
+    attempt: int = 1
+    deployment_id: str = ""
+    parent_id: str | None = None
+    idempotency_key: str | None = None
+    scheduled_at: datetime | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    waiting_reason: str | None = None
+    retry_of: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """Every field the API answered, as it answered it."""
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> ClientExecution:
+        known = {f.name for f in fields(cls)} - {"raw"}
+        values = {k: v for k, v in data.items() if k in known}
+        for name in ("scheduled_at", "created_at", "updated_at"):
+            values[name] = _time(values.get(name))
+        return cls(**values, raw=dict(data))
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryItem:
+    seq: int
+    kind: str
+    at: datetime
+    data: Any
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> HistoryItem:
+        return cls(int(data["seq"]), str(data["kind"]), datetime.fromisoformat(data["at"]),
+                   data.get("data"))
+
+
+# -- the shared parts --------------------------------------------------------------------------
+
+
+def _settings(url: str | None, token: str | None) -> tuple[str, dict[str, str]]:
+    base = (url or os.environ.get("VERACITY_URL") or DEFAULT_URL).rstrip("/")
+    token = token if token is not None else os.environ.get("VERACITY_TOKEN")
+    headers = {"User-Agent": "veracity-client", "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return base, headers
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        error = response.json()["error"]
+        code, message = str(error.pop("code")), str(error.pop("message"))
+        details: dict[str, Any] = error
+    except (ValueError, KeyError, TypeError):
+        code, message, details = "http_error", response.text[:500], {}
+    kind = _BY_STATUS.get(response.status_code, ApiError)
+    raise kind(response.status_code, code, message, details)
+
+
+def _list_params(status: str | Sequence[str] | None, ffqn_prefix: str | None,
+                 deployment_id: str | None, flagged: bool | None,
+                 page_size: int) -> dict[str, Any]:
+    params: dict[str, Any] = {"limit": page_size}
+    if status:
+        params["status"] = status if isinstance(status, str) else ",".join(status)
+    if ffqn_prefix:
+        params["ffqn_prefix"] = ffqn_prefix
+    if deployment_id:
+        params["deployment_id"] = deployment_id
+    if flagged is not None:
+        params["flagged"] = "true" if flagged else "false"
+    return params
+
+
+def _submission(ffqn: str, params: Sequence[Any], idempotency_key: str | None,
+                scheduled_at: datetime | None, paused: bool) -> dict[str, Any]:
+    return Submission(ffqn, params, idempotency_key, scheduled_at, paused).body()
+
+
+# -- the clients -------------------------------------------------------------------------------
+
+
+class Client:
+    """A blocking client. ``url`` defaults to ``VERACITY_URL`` (else
+    ``http://127.0.0.1:8000``), ``token`` to ``VERACITY_TOKEN``; ``timeout`` bounds each
+    request (a long poll waits longer, by its own length). Use it as a context manager, or
+    call :meth:`close`."""
+
+    def __init__(self, url: str | None = None, *, token: str | None = None,
+                 timeout: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:
+        base, headers = _settings(url, token)
+        self.url = base
+        self.timeout = timeout
+        self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout,
+                                  transport=transport)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, *, timeout: float | None = None,
+              **kw: Any) -> Any:
+        try:
+            response = self._http.request(method, path,
+                                          timeout=timeout if timeout else self.timeout, **kw)
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"{method} {self.url}{path}: {exc!r}") from exc
+        _raise_for(response)
+        return response.json()
+
+    def submit(self, ffqn: str, *params: Any, idempotency_key: str | None = None,
+               scheduled_at: datetime | None = None, paused: bool = False) -> ClientExecution:
+        """Submit one execution; the same ``idempotency_key`` again answers the same one."""
+        return ClientExecution.of(self._call("POST", "/v1/executions", json=_submission(
+            ffqn, params, idempotency_key, scheduled_at, paused)))
+
+    def submit_many(self, submissions: Sequence[Submission | Mapping[str, Any]]
+                    ) -> list[ClientExecution]:
+        """Up to 1,000 submissions in one request and one transaction, answered in order
+        (each with its own idempotency key's semantics); a bad one refuses them all."""
+        body = [s.body() if isinstance(s, Submission) else dict(s) for s in submissions]
+        answer = self._call("POST", "/v1/executions/batch", json={"items": body})
+        return [ClientExecution.of(item) for item in answer["items"]]
+
+    def get(self, execution_id: str) -> ClientExecution:
+        return ClientExecution.of(self._call("GET", f"/v1/executions/{execution_id}"))
+
+    def wait(self, execution_id: str, timeout: float | None = None) -> ClientExecution:
+        """The execution once it has ended; long polls (the server answers as soon as it
+        ends). :class:`WaitTimeout` after ``timeout`` seconds (None: no limit)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_STEP if deadline is None else max(0.0, deadline - time.monotonic())
+            step = min(WAIT_STEP, left)
+            execution = ClientExecution.of(self._call(
+                "GET", f"/v1/executions/{execution_id}", params={"wait": f"{step:.3f}s"},
+                timeout=step + self.timeout))
+            if execution.terminal:
+                return execution
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(execution)
+
+    def result(self, execution_id: str, timeout: float | None = None) -> Any:
+        """The execution's result once it completed; :class:`ExecutionFailed` if it ended
+        otherwise, :class:`WaitTimeout` if it has not ended within ``timeout``."""
+        execution = self.wait(execution_id, timeout)
+        if execution.status != "completed":
+            raise ExecutionFailed(execution)
+        return execution.result
+
+    def cancel(self, execution_id: str) -> ClientExecution:
+        return ClientExecution.of(self._call("PUT", f"/v1/executions/{execution_id}/cancel"))
+
+    def pause(self, execution_id: str) -> ClientExecution:
+        return ClientExecution.of(self._call("PUT", f"/v1/executions/{execution_id}/pause"))
+
+    def unpause(self, execution_id: str) -> ClientExecution:
+        return ClientExecution.of(self._call("PUT", f"/v1/executions/{execution_id}/unpause"))
+
+    def retry(self, execution_id: str) -> ClientExecution:
+        return ClientExecution.of(self._call("PUT", f"/v1/executions/{execution_id}/retry"))
+
+    def send(self, execution_id: str, topic: str, payload: Any = None) -> dict[str, Any]:
+        """Send a message for ``ctx.recv(topic)``; the message as stored."""
+        answer: dict[str, Any] = self._call(
+            "POST", f"/v1/executions/{execution_id}/messages",
+            json={"topic": topic, "payload": payload})
+        return answer
+
+    def list(self, *, status: str | Sequence[str] | None = None, ffqn_prefix: str | None = None,
+             deployment_id: str | None = None, flagged: bool | None = None,
+             page_size: int = 200) -> Iterator[ClientExecution]:
+        """Every matching execution, newest first, page by page as it is iterated."""
+        params = _list_params(status, ffqn_prefix, deployment_id, flagged, page_size)
+        while True:
+            page = self._call("GET", "/v1/executions", params=params)
+            for item in page["items"]:
+                yield ClientExecution.of(item)
+            if not page["next_cursor"]:
+                return
+            params["cursor"] = page["next_cursor"]
+
+    def history(self, execution_id: str) -> builtins.list[HistoryItem]:
+        """The execution's whole history, oldest first."""
+        items: builtins.list[HistoryItem] = []
+        params: dict[str, Any] = {"limit": 10_000}
+        while True:
+            page = self._call("GET", f"/v1/executions/{execution_id}/history", params=params)
+            items += [HistoryItem.of(item) for item in page["items"]]
+            if not page["next_cursor"]:
+                return items
+            params["cursor"] = page["next_cursor"]
+
+
+class AsyncClient:
+    """The same as :class:`Client`, for asyncio code."""
+
+    def __init__(self, url: str | None = None, *, token: str | None = None,
+                 timeout: float = 10.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        base, headers = _settings(url, token)
+        self.url = base
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(base_url=base, headers=headers, timeout=timeout,
+                                       transport=transport)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, *, timeout: float | None = None,
+                    **kw: Any) -> Any:
+        try:
+            response = await self._http.request(
+                method, path, timeout=timeout if timeout else self.timeout, **kw)
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"{method} {self.url}{path}: {exc!r}") from exc
+        _raise_for(response)
+        return response.json()
+
+    async def submit(self, ffqn: str, *params: Any, idempotency_key: str | None = None,
+                     scheduled_at: datetime | None = None, paused: bool = False
+                     ) -> ClientExecution:
+        return ClientExecution.of(await self._call("POST", "/v1/executions", json=_submission(
+            ffqn, params, idempotency_key, scheduled_at, paused)))
+
+    async def submit_many(self, submissions: Sequence[Submission | Mapping[str, Any]]
+                          ) -> list[ClientExecution]:
+        body = [s.body() if isinstance(s, Submission) else dict(s) for s in submissions]
+        answer = await self._call("POST", "/v1/executions/batch", json={"items": body})
+        return [ClientExecution.of(item) for item in answer["items"]]
+
+    async def get(self, execution_id: str) -> ClientExecution:
+        return ClientExecution.of(await self._call("GET", f"/v1/executions/{execution_id}"))
+
+    async def wait(self, execution_id: str, timeout: float | None = None) -> ClientExecution:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_STEP if deadline is None else max(0.0, deadline - time.monotonic())
+            step = min(WAIT_STEP, left)
+            execution = ClientExecution.of(await self._call(
+                "GET", f"/v1/executions/{execution_id}", params={"wait": f"{step:.3f}s"},
+                timeout=step + self.timeout))
+            if execution.terminal:
+                return execution
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(execution)
+
+    async def result(self, execution_id: str, timeout: float | None = None) -> Any:
+        execution = await self.wait(execution_id, timeout)
+        if execution.status != "completed":
+            raise ExecutionFailed(execution)
+        return execution.result
+
+    async def cancel(self, execution_id: str) -> ClientExecution:
+        return ClientExecution.of(
+            await self._call("PUT", f"/v1/executions/{execution_id}/cancel"))
+
+    async def pause(self, execution_id: str) -> ClientExecution:
+        return ClientExecution.of(
+            await self._call("PUT", f"/v1/executions/{execution_id}/pause"))
+
+    async def unpause(self, execution_id: str) -> ClientExecution:
+        return ClientExecution.of(
+            await self._call("PUT", f"/v1/executions/{execution_id}/unpause"))
+
+    async def retry(self, execution_id: str) -> ClientExecution:
+        return ClientExecution.of(
+            await self._call("PUT", f"/v1/executions/{execution_id}/retry"))
+
+    async def send(self, execution_id: str, topic: str, payload: Any = None
+                   ) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call(
+            "POST", f"/v1/executions/{execution_id}/messages",
+            json={"topic": topic, "payload": payload})
+        return answer
+
+    async def list(self, *, status: str | Sequence[str] | None = None,
+                   ffqn_prefix: str | None = None, deployment_id: str | None = None,
+                   flagged: bool | None = None, page_size: int = 200
+                   ) -> AsyncIterator[ClientExecution]:
+        params = _list_params(status, ffqn_prefix, deployment_id, flagged, page_size)
+        while True:
+            page = await self._call("GET", "/v1/executions", params=params)
+            for item in page["items"]:
+                yield ClientExecution.of(item)
+            if not page["next_cursor"]:
+                return
+            params["cursor"] = page["next_cursor"]
+
+    async def history(self, execution_id: str) -> builtins.list[HistoryItem]:
+        items: builtins.list[HistoryItem] = []
+        params: dict[str, Any] = {"limit": 10_000}
+        while True:
+            page = await self._call("GET", f"/v1/executions/{execution_id}/history",
+                                    params=params)
+            items += [HistoryItem.of(item) for item in page["items"]]
+            if not page["next_cursor"]:
+                return items
+            params["cursor"] = page["next_cursor"]
