@@ -4,12 +4,14 @@ wake-up notifications for workers. Runs unchanged against every backend."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import pytest
 
-from tests.store._support import StoreFactory, new_execution
+from tests.store._support import RawSQL, StoreFactory, new_execution
 from veracity.clock import ManualClock
 from veracity.models import Claim
 from veracity.store import Store
@@ -113,3 +115,64 @@ async def test_pending_notifications_wake_workers_on_a_release(store: Store) -> 
         assert tr.applied
 
     assert await _wakes_up(store, claim_and_release)
+
+
+# -- PostgreSQL: the lock lives as long as its session ---------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_a_lock_that_cannot_be_unlocked_is_freed_by_closing_its_connection(
+    raw: RawSQL, open_extra_store: StoreFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Guards the cleanup of PostgresStore.single_runner: when the unlock statement fails
+    on a session that is still alive (so still holds the advisory lock), the tick ends
+    without raising and the lock's connection is closed, which ends the session and frees
+    the lock at once. A connection kept open would hold the lock, idle, and every later
+    tick of that service on every server would be skipped.
+
+    The unlock is made to fail inside PostgreSQL: this store's connections resolve
+    ``pg_advisory_unlock`` to a function of the test's database that raises."""
+    raw.execute(
+        "CREATE FUNCTION public.pg_advisory_unlock(bigint) RETURNS boolean LANGUAGE plpgsql "
+        "AS $$ BEGIN RAISE EXCEPTION 'unlock refused by the test'; END $$"
+    )
+    failing = await open_extra_store(_with_options(raw.url, "-c search_path=public,pg_catalog"))
+    other = await open_extra_store()
+    with caplog.at_level(logging.WARNING, logger="veracity.store"):
+        async with failing.single_runner("recovery") as held:
+            assert bool(held) is True
+            (holder,) = _advisory_lock_holders(raw)
+            async with other.single_runner("recovery") as busy:
+                assert bool(busy) is False
+    # the unlock statement did fail (the tick's exit swallowed it and said so) ...
+    assert "could not release the recovery lock; closing its connection" in caplog.text
+    # ... and the session that held the lock has ended: nobody holds it any more
+    await _until_session_ended(raw, holder)
+    assert _advisory_lock_holders(raw) == []
+    async with other.single_runner("recovery") as next_tick:
+        assert bool(next_tick) is True
+
+
+def _with_options(url: str, options: str) -> str:
+    parts = urlsplit(url)
+    query = [*parse_qsl(parts.query, keep_blank_values=True), ("options", options)]
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+
+
+def _advisory_lock_holders(raw: RawSQL) -> list[int]:
+    """The backends of this database holding an advisory lock."""
+    rows = raw.execute(
+        "SELECT DISTINCT l.pid FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid) "
+        "WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()"
+    )
+    return [int(r[0]) for r in rows]
+
+
+async def _until_session_ended(raw: RawSQL, pid: int) -> None:
+    """Wait for a backend whose client closed its connection to exit (it exits on the
+    client's Terminate message, a moment after ``close()`` returns)."""
+    for _ in range(500):
+        if not raw.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ?", [pid]):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} still runs: the lock's connection was not closed")
