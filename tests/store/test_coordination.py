@@ -15,6 +15,7 @@ from tests.store._support import RawSQL, StoreFactory, new_execution
 from veracity.clock import ManualClock
 from veracity.models import Claim
 from veracity.store import Store
+from veracity.store._common import lock_key
 
 TTL = timedelta(seconds=60)
 
@@ -70,6 +71,31 @@ async def test_single_runner_lock_is_held_for_the_whole_tick_however_long(
         clock.advance(timedelta(hours=1))
         async with other.single_runner("recovery") as second:
             assert bool(second) is False
+
+
+async def test_a_lock_taken_says_it_is_held_and_a_skipped_one_says_not(
+    store: Store, open_extra_store: StoreFactory
+) -> None:
+    """Guards RunnerLock.held: a service that asks mid-tick whether it still holds its
+    lock (the reconciler, before it acts) hears yes while it does, on every backend, and
+    no when its tick was skipped; else a healthy tick would stop acting, or a skipped one
+    act."""
+    other = await open_extra_store()
+    async with store.single_runner("reconciler") as held:
+        assert bool(held) is True
+        assert await held.held() is True
+        async with other.single_runner("reconciler") as skipped:
+            assert bool(skipped) is False
+            assert await skipped.held() is False
+        assert await held.held() is True
+
+
+def test_lock_keys_are_the_same_in_every_release() -> None:
+    """Guards lock_key: servers of different releases running side by side (a rolling
+    upgrade) must contend for the same PostgreSQL advisory lock, so a service's key is a
+    fixed 64-bit number, never derived differently."""
+    assert lock_key("recovery") == -7668335242777143293
+    assert lock_key("reconciler") == 7444466721469719602
 
 
 async def _wakes_up(store: Store, make_work: Callable[[int], Awaitable[None]]) -> bool:
