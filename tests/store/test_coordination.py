@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
+import psycopg
 import pytest
 
 from tests.store._support import RawSQL, StoreFactory, new_execution
@@ -179,6 +180,47 @@ async def test_a_lock_that_cannot_be_unlocked_is_freed_by_closing_its_connection
         assert bool(next_tick) is True
 
 
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_a_failed_lock_attempt_closes_its_connection(
+    raw: RawSQL, open_extra_store: StoreFactory
+) -> None:
+    """Guards the error path of PostgresStore.single_runner: when taking the lock fails
+    (the statement errors, or the task is cancelled while it waits for the answer), the
+    connection opened for the lock is closed before the error goes on, not left open to the
+    server. A service that ticks every few seconds would otherwise leak a session per tick
+    until PostgreSQL refuses connections."""
+    raw.execute(
+        "CREATE FUNCTION public.pg_try_advisory_lock(bigint) RETURNS boolean LANGUAGE plpgsql "
+        "AS $$ BEGIN RAISE EXCEPTION 'lock refused by the test'; END $$"
+    )
+    failing = await open_extra_store(_with_options(raw.url, "-c search_path=public,pg_catalog"))
+    with pytest.raises(psycopg.Error, match="lock refused by the test") as caught:
+        async with failing.single_runner("recovery"):
+            pytest.fail("a tick whose lock could not be taken must not start")
+    # (``caught`` keeps the failed call's frames, and so any connection they hold, alive)
+    await _until_no_backend_ran(raw, "pg_try_advisory_lock")
+    assert caught.value is not None
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_the_lock_outlives_a_server_that_ends_idle_transactions(
+    raw: RawSQL, open_extra_store: StoreFactory
+) -> None:
+    """Guards the lock connection's autocommit (PostgresStore.single_runner): between its
+    statements the lock's session holds no open transaction, so a server that ends
+    sessions idle in a transaction (``idle_in_transaction_session_timeout``, common in
+    production) does not end it, and with it the lock, in the middle of a tick."""
+    strict = await open_extra_store(
+        _with_options(raw.url, "-c idle_in_transaction_session_timeout=100"))
+    other = await open_extra_store()
+    async with strict.single_runner("recovery") as held:
+        assert bool(held) is True
+        await asyncio.sleep(0.5)  # five times the server's limit
+        assert await held.held() is True
+        async with other.single_runner("recovery") as second:
+            assert bool(second) is False
+
+
 def _with_options(url: str, options: str) -> str:
     parts = urlsplit(url)
     query = [*parse_qsl(parts.query, keep_blank_values=True), ("options", options)]
@@ -202,3 +244,15 @@ async def _until_session_ended(raw: RawSQL, pid: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"backend {pid} still runs: the lock's connection was not closed")
+
+
+async def _until_no_backend_ran(raw: RawSQL, statement: str) -> None:
+    """Wait until no backend of this database shows ``statement`` as its last one."""
+    for _ in range(500):
+        if not raw.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND query LIKE ?", [f"%{statement}%"]
+        ):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"a connection that ran {statement} is still open")
