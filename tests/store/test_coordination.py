@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import stat
+import subprocess
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -142,6 +146,46 @@ async def test_pending_notifications_wake_workers_on_a_release(store: Store) -> 
         assert tr.applied
 
     assert await _wakes_up(store, claim_and_release)
+
+
+# -- SQLite: the lock is a flock on a file beside the database -------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_the_lock_is_released_even_while_its_file_is_open_elsewhere(
+    store: Store, open_extra_store: StoreFactory, database_url: str
+) -> None:
+    """Guards the explicit unlock of SqliteStore.single_runner: a flock belongs to the open
+    file, so closing our descriptor frees it only if no other descriptor shares it (a child
+    process that inherited it, say). The tick's end unlocks first, so the next tick can
+    run at once whoever still has the file open."""
+    other = await open_extra_store()
+    lock_file = Path(database_url.removeprefix("sqlite:///") + ".recovery.lock")
+    async with store.single_runner("recovery") as held:
+        assert bool(held) is True
+        (fd,) = [int(n) for n in os.listdir("/proc/self/fd")
+                 if os.path.realpath(f"/proc/self/fd/{n}") == str(lock_file.resolve())]
+        child = subprocess.Popen(["sleep", "30"], pass_fds=[fd])
+    try:
+        async with other.single_runner("recovery") as next_tick:
+            assert bool(next_tick) is True, "the lock stayed with the inherited descriptor"
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_the_lock_file_is_writable_by_its_owner_only(
+    store: Store, database_url: str
+) -> None:
+    """Guards the mode SqliteStore.single_runner creates its lock file with: read-write
+    for its owner, read-only for the rest (as the umask allows), never executable."""
+    lock_file = Path(database_url.removeprefix("sqlite:///") + ".reconciler.lock")
+    async with store.single_runner("reconciler") as held:
+        assert bool(held) is True
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(lock_file.stat().st_mode) == 0o644 & ~umask
 
 
 # -- PostgreSQL: the lock lives as long as its session ---------------------------------------
