@@ -623,6 +623,46 @@ async def test_failing_heartbeats_leave_a_run_alone_while_its_lease_holds(
     assert await events(store, ex.id, "late_report") == []
 
 
+async def test_a_heartbeat_tells_the_run_of_a_pause_and_skips_what_it_does_not_run(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards Worker.check_interrupts, which each heartbeat calls: without notifications
+    (SQLite, or a lost LISTEN) it is how a running execution learns of a pause or cancel.
+    The store lists every running execution of this worker id with a request, in no
+    particular order; one this worker does not run (a claim of an earlier process with the
+    same id) is skipped and the others are still told."""
+    settings = SETTINGS.model_copy(update={"notifications": False, "lease_ttl": 60,
+                                           "heartbeat_interval": 30})
+    worker = Worker(store, app, settings=settings, deployment_id=DEPLOYMENT,
+                    worker_id="worker-same-id", ffqns=["wt:gated/run.fn"])
+    # an execution claimed under this worker id by an earlier process, and asked to pause
+    leftover = await submit(store, "wt:other/run.fn")
+    (claimed,) = await store.execution_claim("worker-same-id", ["wt:other/run.fn"], limit=1,
+                                             lease_ttl=timedelta(seconds=60))
+    assert claimed.id == leftover.id
+    assert (await store.execution_pause(leftover.id)).changed
+    ex = await submit(store, "wt:gated/run.fn", "told")
+    original = store.execution_interrupts
+
+    async def leftover_first(owner: str) -> Any:
+        found = await original(owner)
+        return sorted(found, key=lambda i: i.claim.execution_id != leftover.id)
+
+    monkeypatch.setattr(store, "execution_interrupts", leftover_first)
+    async with running(worker):
+        run = await wait_run(worker, ex.id)
+        await until(lambda: _has_step(store, ex.id, 0), what="the first checkpoint")
+        assert run.ctx is not None and run.task is not None
+        assert (await store.execution_pause(ex.id)).changed
+        await worker.heartbeat()
+        assert run.ctx.interrupted == "pause"
+        gate("told:1").set()
+        await asyncio.wait_for(asyncio.shield(run.task), timeout=5)
+    parked = await store.execution_get(ex.id)
+    assert parked is not None and parked.status == Status.PAUSED
+    assert CALLS.get("told:second") is None
+
+
 async def _has_step(store: Store, execution_id: uuid.UUID, pos: int) -> bool:
     return any(e.data["pos"] == pos for e in await events(store, execution_id, STEP_COMPLETED))
 
