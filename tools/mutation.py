@@ -75,7 +75,7 @@ def function_lines(source: str, wanted: list[str], path: str) -> list[tuple[int,
     return [found[w] for w in wanted]
 
 
-def copy_tree() -> None:
+def copy_tree(tree: Path) -> None:
     """A fresh copy of the sources and tests, without byte code (a mutant must be compiled
     from its own source, never from a cached .pyc of the original)."""
     if WORK.exists():
@@ -83,7 +83,7 @@ def copy_tree() -> None:
     WORK.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for name in COPIED:
-        source = ROOT / name
+        source = tree / name
         if source.is_dir():
             shutil.copytree(source, WORK / name, ignore=ignore)
         elif source.exists():
@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--list", action="store_true", help="list the modules and stop")
     parser.add_argument("--out", type=Path, default=OUT,
                         help="folder for the copy, the sessions and report.txt")
+    parser.add_argument("--tree", type=Path, default=ROOT,
+                        help="take src/ and tests/ from this tree (e.g. an older commit's "
+                             "`git archive`), the configuration from this checkout")
     parser.add_argument("--count", action="store_true",
                         help="only count each module's mutants (runs no mutant)")
     args = parser.parse_args(argv)
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"unknown module(s): {', '.join(sorted(unknown))} (see --list)")
     chosen = [m for m in modules if not args.modules or m.name in args.modules]
     OUT.mkdir(parents=True, exist_ok=True)
-    copy_tree()
+    copy_tree(args.tree.resolve())
     report: list[str] = []
     rows: list[str] = []
     total = Outcome()
@@ -227,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         for field in ("killed", "survived", "timeouts", "errors", "skipped", "seconds"):
             setattr(total, field, getattr(total, field) + getattr(o, field))
+        # written after every module, so that a long run can be read while it goes on
+        (OUT / "report.txt").write_text("\n".join(rows) + "\n\n" + "\n".join(report) + "\n")
     rows.append(f"{'all':28} killed {total.killed:4} (timeouts {total.timeouts})  survived "
                 f"{total.survived:3}  errors {total.errors}  score {total.score:5.1f}%  "
                 f"{total.seconds:6.0f} s")
