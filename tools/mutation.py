@@ -185,7 +185,13 @@ def run_module(module: Module, excluded_ops: list[str], report: list[str],
             else:
                 outcome.killed += 1
                 failed = re.findall(r"^FAILED (\S+)", result.output or "", re.M)
-                report.append(f"killed {where} by {failed[0] if failed else '(no FAILED line)'}")
+                if failed:
+                    by = failed[0]
+                elif "SyntaxError" in (result.output or ""):
+                    by = "(the mutant does not compile)"
+                else:
+                    by = "(no FAILED line: see the session's output)"
+                report.append(f"killed {where} by {by}")
     return outcome
 
 
