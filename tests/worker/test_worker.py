@@ -601,8 +601,9 @@ async def test_failing_heartbeats_leave_a_run_alone_while_its_lease_holds(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Guards the other side of that rule: a failed heartbeat alone stops nothing. While
-    the lease can still be valid (a long TTL here) the run goes on and completes; only a
-    lease that may have ended is given up."""
+    the lease can still be valid (a long TTL here, counted from the last renewal that
+    succeeded: Worker.heartbeat) the run goes on and completes; only a lease that may
+    have ended is given up."""
     settings = SETTINGS.model_copy(update={"lease_ttl": 60, "heartbeat_interval": 0.05})
     ex = await submit(store, "wt:gated/run.fn", "hbkeep")
     worker = make_worker(store, settings)
@@ -610,6 +611,7 @@ async def test_failing_heartbeats_leave_a_run_alone_while_its_lease_holds(
         run = await wait_run(worker, ex.id)
         await until(lambda: _has_step(store, ex.id, 0), what="the first checkpoint")
         assert run.ctx is not None and run.task is not None
+        assert await worker.heartbeat() == []  # renewed: it holds for another TTL from now
         refused = _renewals_fail(store, monkeypatch)
         await until(_async(lambda: len(refused) >= 3), timeout=5,
                     what="three failed heartbeats")
