@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 export VERACITY_APP ?= veracity.examples.shop:app
 
-.PHONY: help install run test lint bench clean
+.PHONY: help install run test lint bench mutation clean
 
 help: ## Show the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -25,7 +25,7 @@ run: $(STAMP) ## Run the server on ./veracity.db with the example app (VERACITY_
 	$(BIN)/veracity server
 
 lint: $(STAMP) ## ruff and mypy --strict
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench tools
 	$(BIN)/mypy
 
 test: lint ## Lint, then the whole test suite (needs PostgreSQL; see README)
@@ -34,5 +34,8 @@ test: lint ## Lint, then the whole test suite (needs PostgreSQL; see README)
 bench: $(STAMP) ## Benchmarks (not part of the tests); see bench/README.md
 	$(BIN)/python -m bench
 
+mutation: $(STAMP) ## Mutation testing of the core, recovery, locks, fenced writes, heartbeat (not part of the tests; ~1.5 h; see docs/testing.md)
+	nice -n 10 $(BIN)/python tools/mutation.py $(MODULES)
+
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .mutation

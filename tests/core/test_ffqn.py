@@ -29,3 +29,15 @@ def test_invalid(name):
 def test_cancellable_suffix():
     assert is_cancellable("example:service/worker.run-cancellable")
     assert not is_cancellable("example:service/worker.run")
+
+
+def test_the_length_limit_is_512_characters_inclusive():
+    """Guards the length check of validate_ffqn: a name of exactly 512 characters (the
+    limit the API's ffqn_prefix filter shares) is accepted, one of 513 is refused with the
+    length named."""
+    stem = "a:b/c."
+    longest = stem + "x" * (512 - len(stem))
+    assert len(longest) == 512
+    assert validate_ffqn(longest) == longest
+    with pytest.raises(InvalidFfqn, match="longer than 512 characters"):
+        validate_ffqn(longest + "x")

@@ -195,3 +195,13 @@ def test_policy_is_immutable_and_hashable() -> None:
         p.max_attempts = 5  # type: ignore[misc]
     assert hash(p) == hash(RetryPolicy(max_attempts=4))
     assert p == RetryPolicy(max_attempts=4)
+
+
+@pytest.mark.parametrize("attempts_made", [0, -3])
+def test_no_delay_is_shorter_than_the_initial_one(attempts_made: int) -> None:
+    """Guards the clamp of the backoff exponent in RetryPolicy.delay: called before any
+    try was made (or with a nonsense count), the wait is the initial delay, never a
+    fraction of it (a negative exponent)."""
+    p = RetryPolicy(initial_delay=0.5, backoff=4.0, max_delay=100.0, jitter=0.0)
+    assert p.delay(attempts_made, MID) == pytest.approx(0.5)
+    assert p.delay(attempts_made, MID) == p.delay(1, MID)

@@ -187,6 +187,34 @@ async def test_max_attempts_one_fails_on_the_first_expiry(
     assert ex.status == Status.FAILED_TRANSIENT and ex.attempt == 1
 
 
+async def test_the_default_attempt_limit_is_the_documented_five(
+    store: Store, clock: ManualClock
+) -> None:
+    """Guards RecoveryService's default max_attempts: it is the documented default of
+    ``recovery.max_attempts`` (README, docs/workers.md): four expiries go back to pending,
+    the fifth ends failed_transient."""
+    sub = await submit(store)
+    service = RecoveryService(store)
+    for attempt in range(1, 6):
+        await claim_all(store, f"worker-{attempt}")
+        clock.advance(TTL * 2)
+        result = await service.run_once()
+        ex = await get(store, sub.id)
+        if attempt < 5:  # back to pending for its next attempt
+            assert result.retried == [str(sub.id)]
+            assert ex.status == Status.PENDING and ex.attempt == attempt + 1
+    assert result.failed == [str(sub.id)]
+    assert ex.status == Status.FAILED_TRANSIENT and ex.attempt == 5
+
+
+async def test_the_service_options_are_keyword_only(store: Store) -> None:
+    """Guards the signature of RecoveryService: a bare number (attempts? batch size?) is
+    refused, so no caller can pass one option for another."""
+    with pytest.raises(TypeError):
+        RecoveryService(store, 3)  # type: ignore[call-arg]
+    assert RecoveryService(store, max_attempts=3, batch=10).batch == 10
+
+
 async def test_unexpired_leases_are_untouched(store: Store, clock: ManualClock) -> None:
     await submit(store)
     (short,) = await claim_all(store, "worker-short", ttl=timedelta(seconds=10))

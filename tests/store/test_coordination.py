@@ -4,15 +4,23 @@ wake-up notifications for workers. Runs unchanged against every backend."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import stat
+import subprocess
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
+import psycopg
 import pytest
 
-from tests.store._support import StoreFactory, new_execution
+from tests.store._support import RawSQL, StoreFactory, new_execution
 from veracity.clock import ManualClock
 from veracity.models import Claim
 from veracity.store import Store
+from veracity.store._common import lock_key
 
 TTL = timedelta(seconds=60)
 
@@ -70,6 +78,31 @@ async def test_single_runner_lock_is_held_for_the_whole_tick_however_long(
             assert bool(second) is False
 
 
+async def test_a_lock_taken_says_it_is_held_and_a_skipped_one_says_not(
+    store: Store, open_extra_store: StoreFactory
+) -> None:
+    """Guards RunnerLock.held: a service that asks mid-tick whether it still holds its
+    lock (the reconciler, before it acts) hears yes while it does, on every backend, and
+    no when its tick was skipped; else a healthy tick would stop acting, or a skipped one
+    act."""
+    other = await open_extra_store()
+    async with store.single_runner("reconciler") as held:
+        assert bool(held) is True
+        assert await held.held() is True
+        async with other.single_runner("reconciler") as skipped:
+            assert bool(skipped) is False
+            assert await skipped.held() is False
+        assert await held.held() is True
+
+
+def test_lock_keys_are_the_same_in_every_release() -> None:
+    """Guards lock_key: servers of different releases running side by side (a rolling
+    upgrade) must contend for the same PostgreSQL advisory lock, so a service's key is a
+    fixed 64-bit number, never derived differently."""
+    assert lock_key("recovery") == -7668335242777143293
+    assert lock_key("reconciler") == 7444466721469719602
+
+
 async def _wakes_up(store: Store, make_work: Callable[[int], Awaitable[None]]) -> bool:
     """Listen on a fresh subscription and do work until a wake-up arrives (LISTEN begins
     with the first wait, so the first pieces of work may go unheard)."""
@@ -113,3 +146,157 @@ async def test_pending_notifications_wake_workers_on_a_release(store: Store) -> 
         assert tr.applied
 
     assert await _wakes_up(store, claim_and_release)
+
+
+# -- SQLite: the lock is a flock on a file beside the database -------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_the_lock_is_released_even_while_its_file_is_open_elsewhere(
+    store: Store, open_extra_store: StoreFactory, database_url: str
+) -> None:
+    """Guards the explicit unlock of SqliteStore.single_runner: a flock belongs to the open
+    file, so closing our descriptor frees it only if no other descriptor shares it (a child
+    process that inherited it, say). The tick's end unlocks first, so the next tick can
+    run at once whoever still has the file open."""
+    other = await open_extra_store()
+    lock_file = Path(database_url.removeprefix("sqlite:///") + ".recovery.lock")
+    async with store.single_runner("recovery") as held:
+        assert bool(held) is True
+        (fd,) = [int(n) for n in os.listdir("/proc/self/fd")
+                 if os.path.realpath(f"/proc/self/fd/{n}") == str(lock_file.resolve())]
+        child = subprocess.Popen(["sleep", "30"], pass_fds=[fd])
+    try:
+        async with other.single_runner("recovery") as next_tick:
+            assert bool(next_tick) is True, "the lock stayed with the inherited descriptor"
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_the_lock_file_is_writable_by_its_owner_only(
+    store: Store, database_url: str
+) -> None:
+    """Guards the mode SqliteStore.single_runner creates its lock file with: read-write
+    for its owner, read-only for the rest (as the umask allows), never executable."""
+    lock_file = Path(database_url.removeprefix("sqlite:///") + ".reconciler.lock")
+    async with store.single_runner("reconciler") as held:
+        assert bool(held) is True
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(lock_file.stat().st_mode) == 0o644 & ~umask
+
+
+# -- PostgreSQL: the lock lives as long as its session ---------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_a_lock_that_cannot_be_unlocked_is_freed_by_closing_its_connection(
+    raw: RawSQL, open_extra_store: StoreFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Guards the cleanup of PostgresStore.single_runner: when the unlock statement fails
+    on a session that is still alive (so still holds the advisory lock), the tick ends
+    without raising and the lock's connection is closed, which ends the session and frees
+    the lock at once. A connection kept open would hold the lock, idle, and every later
+    tick of that service on every server would be skipped.
+
+    The unlock is made to fail inside PostgreSQL: this store's connections resolve
+    ``pg_advisory_unlock`` to a function of the test's database that raises."""
+    raw.execute(
+        "CREATE FUNCTION public.pg_advisory_unlock(bigint) RETURNS boolean LANGUAGE plpgsql "
+        "AS $$ BEGIN RAISE EXCEPTION 'unlock refused by the test'; END $$"
+    )
+    failing = await open_extra_store(_with_options(raw.url, "-c search_path=public,pg_catalog"))
+    other = await open_extra_store()
+    with caplog.at_level(logging.WARNING, logger="veracity.store"):
+        async with failing.single_runner("recovery") as held:
+            assert bool(held) is True
+            (holder,) = _advisory_lock_holders(raw)
+            async with other.single_runner("recovery") as busy:
+                assert bool(busy) is False
+    # the unlock statement did fail (the tick's exit swallowed it and said so) ...
+    assert "could not release the recovery lock; closing its connection" in caplog.text
+    # ... and the session that held the lock has ended: nobody holds it any more
+    await _until_session_ended(raw, holder)
+    assert _advisory_lock_holders(raw) == []
+    async with other.single_runner("recovery") as next_tick:
+        assert bool(next_tick) is True
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_a_failed_lock_attempt_closes_its_connection(
+    raw: RawSQL, open_extra_store: StoreFactory
+) -> None:
+    """Guards the error path of PostgresStore.single_runner: when taking the lock fails
+    (the statement errors, or the task is cancelled while it waits for the answer), the
+    connection opened for the lock is closed before the error goes on, not left open to the
+    server. A service that ticks every few seconds would otherwise leak a session per tick
+    until PostgreSQL refuses connections."""
+    raw.execute(
+        "CREATE FUNCTION public.pg_try_advisory_lock(bigint) RETURNS boolean LANGUAGE plpgsql "
+        "AS $$ BEGIN RAISE EXCEPTION 'lock refused by the test'; END $$"
+    )
+    failing = await open_extra_store(_with_options(raw.url, "-c search_path=public,pg_catalog"))
+    with pytest.raises(psycopg.Error, match="lock refused by the test") as caught:
+        async with failing.single_runner("recovery"):
+            pytest.fail("a tick whose lock could not be taken must not start")
+    # (``caught`` keeps the failed call's frames, and so any connection they hold, alive)
+    await _until_no_backend_ran(raw, "pg_try_advisory_lock")
+    assert caught.value is not None
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_the_lock_outlives_a_server_that_ends_idle_transactions(
+    raw: RawSQL, open_extra_store: StoreFactory
+) -> None:
+    """Guards the lock connection's autocommit (PostgresStore.single_runner): between its
+    statements the lock's session holds no open transaction, so a server that ends
+    sessions idle in a transaction (``idle_in_transaction_session_timeout``, common in
+    production) does not end it, and with it the lock, in the middle of a tick."""
+    strict = await open_extra_store(
+        _with_options(raw.url, "-c idle_in_transaction_session_timeout=100"))
+    other = await open_extra_store()
+    async with strict.single_runner("recovery") as held:
+        assert bool(held) is True
+        await asyncio.sleep(0.5)  # five times the server's limit
+        assert await held.held() is True
+        async with other.single_runner("recovery") as second:
+            assert bool(second) is False
+
+
+def _with_options(url: str, options: str) -> str:
+    parts = urlsplit(url)
+    query = [*parse_qsl(parts.query, keep_blank_values=True), ("options", options)]
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+
+
+def _advisory_lock_holders(raw: RawSQL) -> list[int]:
+    """The backends of this database holding an advisory lock."""
+    rows = raw.execute(
+        "SELECT DISTINCT l.pid FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid) "
+        "WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()"
+    )
+    return [int(r[0]) for r in rows]
+
+
+async def _until_session_ended(raw: RawSQL, pid: int) -> None:
+    """Wait for a backend whose client closed its connection to exit (it exits on the
+    client's Terminate message, a moment after ``close()`` returns)."""
+    for _ in range(500):
+        if not raw.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ?", [pid]):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} still runs: the lock's connection was not closed")
+
+
+async def _until_no_backend_ran(raw: RawSQL, statement: str) -> None:
+    """Wait until no backend of this database shows ``statement`` as its last one."""
+    for _ in range(500):
+        if not raw.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND query LIKE ?", [f"%{statement}%"]
+        ):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"a connection that ran {statement} is still open")

@@ -584,6 +584,32 @@ async def test_a_child_spawned_after_the_cancel_request_is_cancelled_too(
     await assert_history_intact(store, root.id)
 
 
+async def test_a_stopped_cancel_says_why_it_ended_or_what_it_waits_for(store: Store) -> None:
+    """Guards the reason the stop operation (store/_ops.py _stop_cancel) records: with no
+    child left it says the run stopped at its next await; with a child that may not be
+    cancelled it says the execution waits for it (and it is blocked, not cancelled), so an
+    operator reading the history is not told the opposite of what happened."""
+    alone = await submit_unique(store, cancellable=True)
+    alone_claim = await claim_exactly(store, alone.id)
+    assert (await store.execution_cancel(alone.id, actor="op")).changed
+    assert (await store.execution_stop_if_owned(alone_claim, "cancel")).applied
+    ended = (await assert_history_intact(store, alone.id))[-1]
+    assert ended.kind == "cancelled"
+    assert ended.data["reason"] == "cancel requested; stopped at its next await"
+
+    root = await submit_unique(store, cancellable=True)
+    claim = await claim_exactly(store, root.id)
+    kid = new_child(root.id, cancellable=False)
+    assert (await store.execution_spawn_if_owned(claim, [kid], [("child_submitted", {})])).applied
+    assert (await store.execution_cancel(root.id, actor="op")).changed
+    assert (await store.execution_stop_if_owned(claim, "cancel")).applied
+    assert (await get(store, root.id)).status == Status.BLOCKED
+    waiting = (await assert_history_intact(store, root.id))[-1]
+    assert waiting.kind == "blocked"
+    assert waiting.data["reason"] == (
+        "cancel requested; waiting for 1 children that cannot be cancelled")
+
+
 async def test_recovery_of_a_cancel_requested_execution_records_it_cancelled(
     store: Store, clock: ManualClock
 ) -> None:

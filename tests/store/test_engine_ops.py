@@ -781,6 +781,69 @@ async def test_stop_pause_parks_a_running_execution(store: Store, clock: ManualC
     await claim_exactly(store, ex.id, "worker-b")
 
 
+async def test_stop_pause_after_the_pause_was_withdrawn_gives_the_run_back(
+    store: Store,
+) -> None:
+    """Guards the withdrawn-pause path of the stop operation (store/_ops.py stop_if_owned):
+    the worker acts on a pause that the operator withdrew meanwhile; the execution goes back
+    to pending (to resume from its journal) and the write says it was applied, so the
+    worker does not take a state change that happened for a refused one."""
+    claim = await running(store)
+    assert (await store.execution_pause(claim.execution_id, actor="op")).changed
+    assert (await store.execution_unpause(claim.execution_id, actor="op")).changed
+    tr = await store.execution_stop_if_owned(claim, "pause")
+    assert tr.applied is True
+    ex = await get(store, claim.execution_id)
+    assert tr.execution == ex
+    assert ex.status == Status.PENDING and ex.lease_owner is None
+    events = await assert_history_intact(store, ex.id)
+    assert events[-1].kind == "pending"
+    assert events[-1].data["reason"] == "pause withdrawn before it parked"
+    assert events[-1].data["owner"] == claim.owner
+
+
+async def test_blocking_with_journal_events_after_a_pause_request_keeps_them_in_order(
+    store: Store, clock: ManualClock
+) -> None:
+    """Guards the pause branch of the block operation (store/_ops.py block_if_owned): the
+    journal events written with the wait come first, then the ``paused`` event, each with
+    the next sequence number, so a resumed run replays them in order."""
+    claim = await running(store)
+    assert (await store.execution_pause(claim.execution_id, actor="op")).changed
+    journal = [("step_completed", {"pos": 0, "name": "a", "result": 1}),
+               ("step_completed", {"pos": 1, "name": "b", "result": 2})]
+    tr = await store.execution_block_if_owned(
+        claim, wake_at=clock.now() + timedelta(hours=1), seen_signal=0, events=journal,
+        reason="sleep")
+    assert tr.applied and tr.execution is not None
+    assert tr.execution.status == Status.PAUSED
+    events = await assert_history_intact(store, claim.execution_id)
+    assert kinds(events)[-3:] == ["step_completed", "step_completed", "paused"]
+    assert [e.data.get("name") for e in events[-3:-1]] == ["a", "b"]
+    assert events[-1].data["reason"] == "pause requested; parked at its wait (sleep)"
+
+
+async def test_fenced_operations_on_an_unknown_execution_are_refused(store: Store) -> None:
+    """Guards the refusal path of every fenced operation of store/_ops.py (block, spawn,
+    take a message, stop): for an execution that does not exist, the answer is "not
+    applied", saying so, and nothing is written (the spawned child is not created)."""
+    ghost = Claim(uuid.uuid4(), "worker-a", 1)
+    child = new_child(ghost.execution_id)
+    refused = [
+        await store.execution_block_if_owned(ghost, wake_at=None, seen_signal=0, events=[],
+                                             reason="wait"),
+        await store.execution_spawn_if_owned(ghost, [child], []),
+        await store.execution_stop_if_owned(ghost, "cancel"),
+        await store.execution_stop_if_owned(ghost, "pause"),
+    ]
+    for tr in refused:
+        assert tr == TransitionResult(False, None, "execution does not exist")
+    taken = await store.execution_take_message_if_owned(ghost, "a", 0)
+    assert (taken.applied, taken.message, taken.signal_seq) == (False, None, 0)
+    assert await store.execution_get(child.id) is None
+    assert await store.execution_get(ghost.execution_id) is None
+
+
 async def test_stop_cancel_records_cancelled(store: Store, clock: ManualClock) -> None:
     ex = await submit_unique(store, cancellable=True)
     claim = await claim_exactly(store, ex.id)

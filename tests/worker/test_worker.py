@@ -551,6 +551,120 @@ async def test_lost_lease_interrupts_the_run_and_fences_it_out(
     assert completed.data["epoch"] == run.claim.epoch + 1
 
 
+def _renewals_fail(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on every lease renewal of this store raises, as with a database that no
+    longer answers; returns a list that grows by one per refused renewal."""
+    refused: list[int] = []
+
+    async def unreachable(*args: Any, **kwargs: Any) -> list[Claim]:
+        refused.append(len(refused) + 1)
+        raise OSError("database unreachable (injected by the test)")
+
+    monkeypatch.setattr(store, "lease_renew", unreachable)
+    return refused
+
+
+async def test_failing_heartbeats_stop_a_run_once_its_lease_may_have_ended(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards the worker's self-interrupt when heartbeats fail (Worker._heartbeat_loop):
+    the database cannot be reached, so the lease cannot be renewed; once the lease may have
+    ended by the worker's own clock, the run is interrupted, stops at its next step
+    boundary and writes nothing more (lease recovery may already have given the execution
+    to another worker). Without it the run would go on running steps, with their side
+    effects, on a lease it no longer holds."""
+    settings = SETTINGS.model_copy(update={"lease_ttl": 0.6, "heartbeat_interval": 0.1,
+                                           "concurrency": 1})
+    ex = await submit(store, "wt:gated/run.fn", "hbfail")
+    worker = make_worker(store, settings)
+    async with running(worker):
+        run = await wait_run(worker, ex.id)
+        await until(lambda: _has_step(store, ex.id, 0), what="the first checkpoint")
+        assert run.ctx is not None and run.task is not None
+        refused = _renewals_fail(store, monkeypatch)
+        written = await store.history_list(ex.id)
+
+        ctx = run.ctx
+        await until(_async(lambda: ctx.interrupted is not None), timeout=5,
+                    what="the run interrupted after its lease ran out unrenewed")
+        assert ctx.interrupted == "lease_lost"
+        assert refused, "the interrupt came without a failed renewal"
+
+        gate("hbfail:1").set()  # the run goes on to its next step boundary
+        await asyncio.wait_for(asyncio.shield(run.task), timeout=5)
+        assert CALLS.get("hbfail:second") is None  # the next step never ran
+        monkeypatch.undo()
+        assert await store.history_list(ex.id) == written  # nothing written after
+
+
+async def test_failing_heartbeats_leave_a_run_alone_while_its_lease_holds(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards the other side of that rule: a failed heartbeat alone stops nothing. While
+    the lease can still be valid (a long TTL here, counted from the last renewal that
+    succeeded: Worker.heartbeat) the run goes on and completes; only a lease that may
+    have ended is given up."""
+    settings = SETTINGS.model_copy(update={"lease_ttl": 60, "heartbeat_interval": 0.05})
+    ex = await submit(store, "wt:gated/run.fn", "hbkeep")
+    worker = make_worker(store, settings)
+    async with running(worker):
+        run = await wait_run(worker, ex.id)
+        await until(lambda: _has_step(store, ex.id, 0), what="the first checkpoint")
+        assert run.ctx is not None and run.task is not None
+        assert await worker.heartbeat() == []  # renewed: it holds for another TTL from now
+        refused = _renewals_fail(store, monkeypatch)
+        await until(_async(lambda: len(refused) >= 3), timeout=5,
+                    what="three failed heartbeats")
+        assert run.ctx.interrupted is None
+        gate("hbkeep:1").set()
+        await asyncio.wait_for(asyncio.shield(run.task), timeout=5)
+        monkeypatch.undo()
+        done = await wait_status(store, ex.id, Status.COMPLETED, Status.PENDING)
+    assert done.status == Status.COMPLETED
+    assert done.result == ["first", "second", "attempt 1"]
+    assert await events(store, ex.id, "late_report") == []
+
+
+async def test_a_heartbeat_tells_the_run_of_a_pause_and_skips_what_it_does_not_run(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards Worker.check_interrupts, which each heartbeat calls: without notifications
+    (SQLite, or a lost LISTEN) it is how a running execution learns of a pause or cancel.
+    The store lists every running execution of this worker id with a request, in no
+    particular order; one this worker does not run (a claim of an earlier process with the
+    same id) is skipped and the others are still told."""
+    settings = SETTINGS.model_copy(update={"notifications": False, "lease_ttl": 60,
+                                           "heartbeat_interval": 30})
+    worker = Worker(store, app, settings=settings, deployment_id=DEPLOYMENT,
+                    worker_id="worker-same-id", ffqns=["wt:gated/run.fn"])
+    # an execution claimed under this worker id by an earlier process, and asked to pause
+    leftover = await submit(store, "wt:other/run.fn")
+    (claimed,) = await store.execution_claim("worker-same-id", ["wt:other/run.fn"], limit=1,
+                                             lease_ttl=timedelta(seconds=60))
+    assert claimed.id == leftover.id
+    assert (await store.execution_pause(leftover.id)).changed
+    ex = await submit(store, "wt:gated/run.fn", "told")
+    original = store.execution_interrupts
+
+    async def leftover_first(owner: str) -> Any:
+        found = await original(owner)
+        return sorted(found, key=lambda i: i.claim.execution_id != leftover.id)
+
+    monkeypatch.setattr(store, "execution_interrupts", leftover_first)
+    async with running(worker):
+        run = await wait_run(worker, ex.id)
+        await until(lambda: _has_step(store, ex.id, 0), what="the first checkpoint")
+        assert run.ctx is not None and run.task is not None
+        assert (await store.execution_pause(ex.id)).changed
+        await worker.heartbeat()
+        assert run.ctx.interrupted == "pause"
+        gate("told:1").set()
+        await asyncio.wait_for(asyncio.shield(run.task), timeout=5)
+    parked = await store.execution_get(ex.id)
+    assert parked is not None and parked.status == Status.PAUSED
+    assert CALLS.get("told:second") is None
+
+
 async def _has_step(store: Store, execution_id: uuid.UUID, pos: int) -> bool:
     return any(e.data["pos"] == pos for e in await events(store, execution_id, STEP_COMPLETED))
 
