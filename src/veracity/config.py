@@ -4,8 +4,8 @@
 validation failure into a one-line ``ConfigError`` naming where the bad value came from:
 ``veracity.toml:3: worker.concurrency: ...``, ``VERACITY_PORT: ...`` or ``--port: ...``.
 A key this version does not implement is never ignored: a misspelled one is an ``unknown
-key``, one that names a feature Veracity does not have yet (``[[cron]]``, ``tokens``,
-``secrets``, ...) is ``not supported by this version of Veracity``.
+key``, one that names a feature Veracity does not have yet (``tokens``, ``secrets``, ...)
+is ``not supported by this version of Veracity``.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ ENV_VARS: dict[str, str] = {
 }
 
 # Top-level keys of features this version does not have: refused at start, never ignored.
-NOT_SUPPORTED: frozenset[str] = frozenset({"cron", "tokens", "secrets", "secrets_file", "auth"})
+NOT_SUPPORTED: frozenset[str] = frozenset({"tokens", "secrets", "secrets_file", "auth"})
 _NOT_SUPPORTED_REASON = "not supported by this version of Veracity"
 
 # ---------------------------------------------------------------------------
@@ -204,9 +204,11 @@ class Settings(_Model):
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     public_url: str | None = None
-    # File-only tables, validated entry by entry at start (veracity.adapters.config.parse_external).
+    # File-only tables, validated entry by entry at start (veracity.adapters.config.parse_external,
+    # veracity.core.cron.parse_cron_entries): their errors name the entry at fault.
     engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
     external_workflow: list[dict[str, Any]] = Field(default_factory=list)
+    cron: list[dict[str, Any]] = Field(default_factory=list)
 
     @field_validator("app")
     @classmethod
