@@ -16,6 +16,7 @@ from veracity.core.cron import (
     CATCH_UP_LIMIT,
     MISSED_AFTER,
     MISSED_COUNT_LIMIT,
+    Due,
     InvalidSchedule,
     Schedule,
     decide,
@@ -311,16 +312,19 @@ T0 = utc(2030, 1, 1)
 
 def test_nothing_due() -> None:
     s = Schedule("0 * * * *")
-    assert decide(s, after=T0, now=T0 + timedelta(minutes=59), catch_up=False).fire == ()
-    assert decide(s, after=T0, now=T0, catch_up=True).fire == ()
+    hour = T0 + timedelta(hours=1)
+    assert decide(s, after=T0, now=T0 + timedelta(minutes=59), catch_up=False) == Due(
+        next=hour)
+    assert decide(s, after=T0, now=T0, catch_up=True) == Due(next=hour)
     assert decide(s, after=T0 + S, now=T0, catch_up=True).fire == ()  # after in the future
+    assert decide(s, after=T0, now=hour, catch_up=True, first=None) == Due()  # no slot left
 
 
 def test_on_time_slots_all_fire() -> None:
     s = Schedule("* * * * * *")
     d = decide(s, after=T0, now=T0 + 3 * S + timedelta(milliseconds=200), catch_up=False)
     assert d.fire == (T0 + S, T0 + 2 * S, T0 + 3 * S)
-    assert (d.skipped, d.missed) == (0, ())
+    assert (d.skipped, d.missed, d.next) == (0, (), T0 + 4 * S)
     # a late tick: still within MISSED_AFTER, nothing is missed
     d = decide(s, after=T0, now=T0 + MISSED_AFTER, catch_up=False)
     assert len(d.fire) == MISSED_AFTER // S and d.skipped == 0
@@ -401,6 +405,10 @@ def test_decisions_over_random_histories_match_the_rule() -> None:
         assert list(d.fire) == fire, (expression, after, now, catch_up)
         if len(missed) <= MISSED_COUNT_LIMIT + CATCH_UP_LIMIT:
             assert d.skipped == len(due) - len(fire) and not d.skipped_more
+        assert d.next == s.next_after(now)
+        # told the first slot after ``after``, it decides the same
+        hinted = decide(s, after=after, now=now, catch_up=catch_up, first=s.next_after(after))
+        assert hinted == d
 
 
 # --- [[cron]] entries ------------------------------------------------------------------

@@ -27,6 +27,7 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from enum import Enum
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -334,9 +335,16 @@ class Due:
     """More than ``skipped`` (:data:`MISSED_COUNT_LIMIT`) were passed over: not counted."""
     missed: tuple[datetime, ...] = field(default=())
     """Of ``fire``, the slots that were missed (fired late, as the latest or caught up)."""
+    next: datetime | None = None
+    """The first slot after ``now`` (and after the slots fired); None if there is none."""
+
+
+class _Unknown(Enum):
+    UNKNOWN = "unknown"
 
 
 def decide(schedule: Schedule, *, after: datetime, now: datetime, catch_up: bool,
+           first: datetime | _Unknown | None = _Unknown.UNKNOWN,
            missed_after: timedelta = MISSED_AFTER, catch_up_limit: int = CATCH_UP_LIMIT,
            count_limit: int = MISSED_COUNT_LIMIT) -> Due:
     """Which slots in (after, now] fire now (docs/cron.md, "Missed slots").
@@ -346,28 +354,37 @@ def decide(schedule: Schedule, *, after: datetime, now: datetime, catch_up: bool
     within ``missed_after`` of ``now`` are on time (late at most) and all fire. Older ones
     were missed: with ``catch_up`` the latest ``catch_up_limit`` of them fire, oldest first;
     without it only the latest slot due fires, and only if no slot is on time. The rest
-    are skipped.
+    are skipped. ``first``, when the caller knows it, is ``schedule.next_after(after)``.
     """
     after, now = _utc(after), _utc(now)
-    if after >= now:
-        return Due()
+    if isinstance(first, _Unknown):
+        first = schedule.next_after(after)
+    if first is None or first > now:
+        return Due(next=first)
     deadline = now - missed_after
-    on_time = schedule.slots(max(after, deadline), now)
-    if after >= deadline:
-        return Due(tuple(on_time))
+    if first > deadline:  # all on time: the usual tick
+        on_time = [first]
+        following = schedule.next_after(first)
+        while following is not None and following <= now:
+            on_time.append(following)
+            following = schedule.next_after(following)
+        return Due(tuple(on_time), next=following)
+    on_time = schedule.slots(deadline, now)
+    following = schedule.next_after(now)
     walk = schedule.slots(after, deadline, limit=count_limit + catch_up_limit + 1)
     more = len(walk) > count_limit + catch_up_limit
     wanted = catch_up_limit if catch_up else (0 if on_time else 1)
     if not more:
         fired = walk[max(0, len(walk) - wanted):] if wanted else []
-        return Due(tuple(fired + on_time), len(walk) - len(fired), False, tuple(fired))
+        return Due(tuple(fired + on_time), len(walk) - len(fired), False, tuple(fired),
+                   following)
     # too many to walk: the latest ones, found backwards
     fired = []
     latest = schedule.latest_at_or_before(deadline, after)
     while latest is not None and len(fired) < wanted:
         fired.insert(0, latest)
         latest = schedule.latest_at_or_before(latest - _TICK, after)
-    return Due(tuple(fired + on_time), count_limit, True, tuple(fired))
+    return Due(tuple(fired + on_time), count_limit, True, tuple(fired), following)
 
 
 # ---------------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ class CronService:
         self.max_sleep = max_sleep
         self._registered = False
         # per entry: (after, the first slot after it), so that an entry with nothing due
-        # costs a comparison
+        # costs a comparison, and one due costs one step of its schedule
         self._next: dict[str, tuple[datetime, datetime | None]] = {}
 
     async def register(self) -> dict[str, CronRecord]:
@@ -149,20 +149,17 @@ class CronService:
             record = records[entry.name]
             after = max(record.first_seen_at, record.last_slot_at or record.first_seen_at)
             cached = self._next.get(entry.name)
-            if cached is None or cached[0] != after:
-                cached = (after, entry.schedule.next_after(after))
-                self._next[entry.name] = cached
-            first = cached[1]
-            if first is None or first > now:  # nothing due
-                if first is not None:
-                    upcoming.append(first)
-                continue
-            due = decide(entry.schedule, after=after, now=now, catch_up=entry.catch_up)
-            decisions[entry.name] = due
-            fires.extend(self._fire(entry, slot, slot in due.missed) for slot in due.fire)
-            following = entry.schedule.next_after(now)
-            if following is not None:
-                upcoming.append(following)
+            due = decide(entry.schedule, after=after, now=now, catch_up=entry.catch_up,
+                         first=cached[1] if cached and cached[0] == after else
+                         entry.schedule.next_after(after))
+            # the next tick's after, if these slots are recorded (by us or another server)
+            self._next[entry.name] = (due.fire[-1], due.next) if due.fire else (after,
+                                                                                  due.next)
+            if due.next is not None:
+                upcoming.append(due.next)
+            if due.fire:
+                decisions[entry.name] = due
+                fires.extend(self._fire(entry, slot, slot in due.missed) for slot in due.fire)
         for i in range(0, len(fires), BATCH):
             batch = fires[i:i + BATCH]
             mine = await self.store.cron_fire(batch)
