@@ -100,6 +100,7 @@ def test_whitespace_is_normalised_and_names_are_accepted() -> None:
     ("0 0 1 1 * 0 2030", ["has 7 fields"]),
     ("@hourly", ["has 1 field:"]),
     ("", ["has 0 fields"]),
+    (",".join(["1"] * 600) + " * * * *", ["longer than 1000 characters"]),
     ("R * * * *", ["random (R) and hashed (H)", "every server"]),
     ("H/5 * * * *", ["random (R) and hashed (H)"]),
     ("0 R(1-5) * * *", ["hour 'R(1-5)'", "random"]),

@@ -101,6 +101,8 @@ class Schedule:
             raise InvalidSchedule(f"must be a string such as \"*/5 * * * *\", got "
                                   f"{type(expression).__name__}")
         fields = expression.split()
+        if len(" ".join(fields)) > 1000:
+            raise InvalidSchedule("is longer than 1000 characters")
         if len(fields) not in (5, 6):
             raise InvalidSchedule(
                 f"has {len(fields)} field{'s' if len(fields) != 1 else ''}: expected 5 "
