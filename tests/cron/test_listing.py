@@ -23,7 +23,7 @@ from veracity.control import ExecutionService
 from veracity.core.cron import parse_cron_entries
 from veracity.examples import shop
 from veracity.maintenance.cron import CronService
-from veracity.models import Claim
+from veracity.models import Claim, CronDefinition
 from veracity.store import Store, open_store
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -101,6 +101,26 @@ async def test_the_api_lists_each_entry(store: Store, clock: ManualClock,
     assert got["status"] == "completed" and got["scheduled_at"] == "2030-01-01T00:00:20Z"
     history = (await client.get(f"/v1/executions/{last.execution.id}/history")).json()
     assert history["items"][0]["data"]["cron"]["slot"] == "2030-01-01T00:00:20+00:00"
+
+
+async def test_an_entry_changed_since_the_servers_started(store: Store, clock: ManualClock
+                                                         ) -> None:
+    """The database recorded the entry with another schedule: its last slot is shown, but
+    no server has run this schedule yet."""
+    await store.cron_register([CronDefinition("mail", "0 * * * *", "UTC")])
+    cron = CronService(store, parse_cron_entries([{**ENTRIES[0], "schedule": "0 * * * *"}],
+                                                 workflows=set(shop.app.workflows)),
+                       deployment_id="d")
+    clock.set(T0 + timedelta(hours=1))
+    (started,) = (await cron.run_once()).started
+    service = ExecutionService(store, workflows=set(shop.app.workflows), deployment_id="d",
+                               crons=CRONS)
+    transport = httpx.ASGITransport(app=create_api(service))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        mail = (await c.get("/v1/crons")).json()["items"][0]
+    assert mail["schedule"] == "*/10 * * * * *" and mail["first_seen_at"] is None
+    assert mail["last_slot"] == "2030-01-01T01:00:00Z"
+    assert mail["last_execution_id"] == str(started.execution.id)
 
 
 async def test_no_entries_an_empty_list(store: Store) -> None:

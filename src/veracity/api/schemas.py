@@ -206,7 +206,7 @@ class CronOut(BaseModel):
     catch_up: bool
     first_seen_at: datetime | None = Field(
         description="When a server first ran the entry with this schedule and time zone "
-                    "(nothing before it fires); null until a server has run it")
+                    "(nothing before it fires); null until a server has run it so")
     last_slot: datetime | None = Field(description="The newest slot started")
     last_execution_id: str | None = Field(description="The execution the last slot started")
     last_execution_status: Status | None = Field(description="That execution's status now")
@@ -220,7 +220,9 @@ class CronOut(BaseModel):
         return cls(
             name=e.name, ffqn=e.ffqn, schedule=e.expression, timezone=e.timezone,
             params=list(e.params), catch_up=e.catch_up,
-            first_seen_at=r.first_seen_at if r else None,
+            # recorded with another schedule or time zone: a server has not run this one
+            first_seen_at=r.first_seen_at if r and (r.schedule, r.timezone) == (
+                e.expression, e.timezone) else None,
             last_slot=r.last_slot_at if r else None,
             last_execution_id=str(r.last_execution_id) if r and r.last_execution_id else None,
             last_execution_status=r.last_status if r else None,
