@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from bench import engine, reconciler, submit, wakeups, workers
+from bench import cron, engine, reconciler, submit, wakeups, workers
 
 
 def main() -> None:
@@ -16,6 +16,7 @@ def main() -> None:
     engine.main([])
     reconciler.main([])
     wakeups.main([])
+    cron.main([])
 
 
 if __name__ == "__main__":

@@ -339,10 +339,32 @@ def test_engine_tables_are_read_raw_for_their_own_check(tmp_path: Path) -> None:
     assert s.external_workflow == [{"ffqn": "ext:n8n/orders.run", "limit": "1h"}]
 
 
+def test_cron_entries_are_read_raw_for_their_own_check(tmp_path: Path) -> None:
+    # [[cron]] entries are validated entry by entry at start by
+    # veracity.core.cron.parse_cron_entries (tests/core/test_cron.py, tests/cron/), not here
+    path = write(
+        tmp_path / "conf.toml",
+        "[[cron]]\n"
+        'name = "nightly"\n'
+        'schedule = "0 3 * * *"\n'
+        'every = "day"\n'
+        "[[cron]]\n"
+        'name = "other"\n',
+    )
+    s = load_settings(path, env={})
+    assert s.cron == [{"name": "nightly", "schedule": "0 3 * * *", "every": "day"},
+                      {"name": "other"}]
+    assert load_settings(env={}).cron == []
+
+
+def test_cron_must_be_an_array_of_tables(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", 'host = "h"\n[cron]\nname = "nightly"\n')
+    assert config_error(path, env={}) == f"{path}:2: cron: Input should be a valid list"
+
+
 @pytest.mark.parametrize(
     ("text", "line", "key"),
     [
-        ('[[cron]]\nschedule = "*/5 * * * *"\nffqn = "a:b/c.d"\n', 3, "cron"),
         ("[[tokens]]\nname = \"ci\"\n", 3, "tokens"),
         ('[tokens]\nci = "s3cret"\n', 3, "tokens"),
         ('[auth]\nmode = "token"\n', 3, "auth"),

@@ -4,8 +4,8 @@
 validation failure into a one-line ``ConfigError`` naming where the bad value came from:
 ``veracity.toml:3: worker.concurrency: ...``, ``VERACITY_PORT: ...`` or ``--port: ...``.
 A key this version does not implement is never ignored: a misspelled one is an ``unknown
-key``, one that names a feature Veracity does not have yet (``[[cron]]``, ``tokens``,
-...) is ``not supported by this version of Veracity``.
+key``, one that names a feature Veracity does not have yet (``tokens``, ``auth``) is
+``not supported by this version of Veracity``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ ENV_VARS: dict[str, str] = {
 }
 
 # Top-level keys of features this version does not have: refused at start, never ignored.
-NOT_SUPPORTED: frozenset[str] = frozenset({"cron", "tokens", "auth"})
+NOT_SUPPORTED: frozenset[str] = frozenset({"tokens", "auth"})
 _NOT_SUPPORTED_REASON = "not supported by this version of Veracity"
 # Top-level keys refused for a reason of their own.
 _REFUSED: dict[str, str] = {
@@ -226,7 +226,8 @@ class Settings(_Model):
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     public_url: str | None = None
-    # File-only tables, validated entry by entry at start (veracity.adapters.config.parse_external).
+    # File-only tables, validated entry by entry at start (veracity.adapters.config.parse_external,
+    # veracity.core.cron.parse_cron_entries): their errors name the entry at fault.
     engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
     external_workflow: list[dict[str, Any]] = Field(default_factory=list)
     # Secret header bindings of ctx.http (docs/http.md): names of secrets, never values;
@@ -239,6 +240,7 @@ class Settings(_Model):
     def _bindings_unique(cls, value: list[HttpBinding]) -> list[HttpBinding]:
         check_bindings(value)
         return value
+    cron: list[dict[str, Any]] = Field(default_factory=list)
 
     @field_validator("app")
     @classmethod

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from veracity._ids import new_execution_id, parse_execution_id
 from veracity.adapters.looks import Look, Looker
+from veracity.core.cron import CronEntry
 from veracity.core.ffqn import CANCELLABLE_SUFFIX, InvalidFfqn, is_cancellable, validate_ffqn
 from veracity.core.reconcile import FlagKind
 from veracity.core.requests import CallbackOutcome, CallbackReport, ResolveAction
@@ -33,6 +34,7 @@ from veracity.errors import (
 from veracity.models import (
     JSON,
     ControlResult,
+    CronRecord,
     Execution,
     ExecutionFilter,
     HistoryEvent,
@@ -102,6 +104,17 @@ class ServiceMetrics:
 class WorkerView:
     record: WorkerRecord
     live: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CronView:
+    """A ``[[cron]]`` entry as configured here, with what the database records of it."""
+
+    entry: CronEntry
+    record: CronRecord | None
+    """None until a server has run the entry."""
+    next_slot: datetime | None
+    """The first slot after now (database clock); None if it never fires again."""
 
 
 def canonical_json(value: JSON) -> str:
@@ -187,6 +200,7 @@ class ExecutionService:
         on_interrupt: Callable[[uuid.UUID], None] | None = None,
         looker: Looker | None = None,
         metrics: ServiceMetrics | None = None,
+        crons: Sequence[CronEntry] = (),
     ) -> None:
         self.looker = looker
         """Takes looks at delegated runs (resolve, cancel); None: no engine is configured
@@ -201,6 +215,8 @@ class ExecutionService:
         self.on_interrupt = on_interrupt
         """Told when a running execution was asked to cancel or pause (an in-process worker
         acts at its next step instead of at its next heartbeat)."""
+        self.cron_entries = list(crons)
+        """The configuration's ``[[cron]]`` entries (docs/cron.md)."""
 
     def _check_workflow(self, ffqn: str) -> None:
         try:
@@ -297,6 +313,16 @@ class ExecutionService:
         now = await self.store.db_now()
         return [WorkerView(r, r.stopped_at is None and now - r.last_heartbeat <= self.live_within)
                 for r in records]
+
+    async def crons(self) -> list[CronView]:
+        """Each configured cron entry with its last slot, the execution that slot started
+        and its status, and the next slot (docs/cron.md)."""
+        if not self.cron_entries:
+            return []
+        records = await self.store.cron_records([e.name for e in self.cron_entries])
+        now = await self.store.db_now()
+        return [CronView(e, records.get(e.name), e.schedule.next_after(now))
+                for e in self.cron_entries]
 
     async def waiting_reasons(self, items: Sequence[Execution]) -> dict[uuid.UUID, str]:
         """Why pending executions wait: no live worker registers their workflow."""

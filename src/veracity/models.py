@@ -262,3 +262,38 @@ class ReconcileAction:
             Status.FAILED_TRANSIENT, Status.CANCELLED
         ):
             raise ValueError(f"a delegated run is never ended {self.to} without its engine")
+
+
+@dataclass(frozen=True, slots=True)
+class CronDefinition:
+    """What the database records of a ``[[cron]]`` entry: a changed schedule or time zone
+    counts as a new entry, first seen when a server first runs it (docs/cron.md)."""
+
+    name: str
+    schedule: str
+    timezone: str
+
+
+@dataclass(frozen=True, slots=True)
+class CronRecord:
+    """One cron entry in the database: when it was first seen (with this schedule and time
+    zone), its newest slot, the execution that slot started and that execution's status."""
+
+    name: str
+    schedule: str
+    timezone: str
+    first_seen_at: datetime
+    last_slot_at: datetime | None = None
+    last_execution_id: uuid.UUID | None = None
+    last_status: Status | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CronFire:
+    """A slot to start: the slot's key (``name``, ``slot_at``) and the execution it starts,
+    whose ``pending`` event carries ``event`` under ``"cron"``."""
+
+    name: str
+    slot_at: datetime
+    execution: NewExecution
+    event: dict[str, JSON] = field(default_factory=dict)

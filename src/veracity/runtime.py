@@ -14,6 +14,7 @@ from veracity.adapters.looks import Looker
 from veracity.app import App, load_app
 from veracity.config import Settings
 from veracity.control import ExecutionService
+from veracity.core.cron import CronEntry, parse_cron_entries
 from veracity.store import Store, open_store
 
 
@@ -27,6 +28,8 @@ class Runtime:
     external: ExternalConfig
     engines: dict[str, Engine] = field(default_factory=dict)
     """The engines' adapters, when the runtime was opened with them."""
+    crons: list[CronEntry] = field(default_factory=list)
+    """The ``[[cron]]`` entries (docs/cron.md), validated."""
 
     async def close(self) -> None:
         try:
@@ -51,6 +54,19 @@ def load_user_app(settings: Settings) -> App | None:
     return load_app(settings.app) if settings.app else None
 
 
+def workflows_of(app: App | None, external: ExternalConfig) -> set[str]:
+    """Every workflow this configuration can start: the app's and the external ones."""
+    return (set(app.workflows) if app else set()) | set(external.workflows)
+
+
+def cron_entries(settings: Settings, app: App | None, external: ExternalConfig
+                 ) -> list[CronEntry]:
+    """The ``[[cron]]`` entries, validated against the workflows this configuration has;
+    a ConfigError names the entry at fault."""
+    return parse_cron_entries(settings.cron, workflows=workflows_of(app, external),
+                              max_payload_bytes=settings.max_payload_bytes)
+
+
 def deployment_id_for(settings: Settings, app: App | None) -> str:
     if settings.deployment_id:
         return settings.deployment_id
@@ -66,6 +82,8 @@ async def open_runtime(settings: Settings, *, migrate: bool = False,
     not exist yet is an error instead of being created."""
     app = load_user_app(settings)
     external = ExternalConfig(None, {}, {}) if read_only else parse_external(settings)
+    # a command that only reads validates no [[cron]] entry
+    crons = [] if read_only else cron_entries(settings, app, external)
     adapters = build_engines(external) if engines else {}
     store = await open_store(settings.database_url, create=not read_only)
     try:
@@ -74,18 +92,19 @@ async def open_runtime(settings: Settings, *, migrate: bool = False,
         deployment_id = deployment_id_for(settings, app)
         service = ExecutionService(
             store,
-            workflows=(set(app.workflows) if app else set()) | set(external.workflows),
+            workflows=workflows_of(app, external),
             deployment_id=deployment_id,
             max_payload_bytes=settings.max_payload_bytes,
             # a worker that has not renewed for a whole lease TTL is taken for dead
             live_within=timedelta(seconds=settings.worker.lease_ttl),
             looker=build_looker(settings, external, adapters),
+            crons=crons,
         )
     except BaseException:
         await close_engines(adapters)
         await store.close()
         raise
-    return Runtime(settings, app, store, service, deployment_id, external, adapters)
+    return Runtime(settings, app, store, service, deployment_id, external, adapters, crons)
 
 
 def redact_url(url: str) -> str:

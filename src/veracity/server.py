@@ -1,4 +1,5 @@
-"""``veracity server``: the HTTP API (and, from later issues on, background services).
+"""``veracity server``: the HTTP API and the background services (lease recovery, the
+reconciler, cron, and on SQLite by default a worker).
 
 Migrates at start, serves until SIGTERM or SIGINT, then shuts down gracefully: uvicorn
 stops accepting connections, finishes in-flight requests, and the store is closed.
@@ -27,6 +28,7 @@ from veracity.config import Settings
 from veracity.control import ServiceMetrics
 from veracity.errors import ConfigError
 from veracity.maintenance._loop import run_forever
+from veracity.maintenance.cron import CronMetrics, CronService
 from veracity.maintenance.reconciler import ReconcilerMetrics, ReconcilerService
 from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
 from veracity.runtime import Runtime, build_looker, open_runtime, redact_url
@@ -83,10 +85,17 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             metrics=ReconcilerMetrics(registry),
             looker=build_looker(settings, runtime.external, engines),
         )
+        # every server runs cron: each slot's unique key makes it start once (docs/cron.md)
+        cron = CronService(runtime.store, runtime.crons, deployment_id=runtime.deployment_id,
+                           metrics=CronMetrics(registry))
+        if runtime.crons:
+            await cron.register()  # first seen now: a new entry never fills in the past
         tasks = [
             asyncio.create_task(run_forever(recovery, settings.recovery.interval, stop)),
             asyncio.create_task(run_forever(reconciler, settings.reconciler.interval, stop)),
         ]
+        if runtime.crons:
+            tasks.append(asyncio.create_task(cron.run(stop), name="veracity-cron"))
         worker: Worker | None = None
         runnable = bool((runtime.app and runtime.app.workflows) or runtime.external.workflows)
         if wants_worker(settings, with_worker) and runnable:
@@ -95,6 +104,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
                             engines=engines, http=bindings)
             runtime.service.on_submitted = worker.wake
             runtime.service.on_interrupt = worker.interrupted
+            cron.on_started = worker.wake
             tasks.append(asyncio.create_task(worker.run(), name="veracity-worker"))
         log.info(
             "started",
@@ -105,6 +115,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
                 "workflows": sorted(runtime.app.workflows) if runtime.app else [],
                 "worker": worker.id if worker else None,
                 "http": bindings.describe(),
+                "crons": [c.name for c in runtime.crons],
             },
         )
         try:

@@ -60,8 +60,6 @@ CASES: list[tuple[str, str, dict[str, str | None], list[str]]] = [
                          'webhook = "webhook/fulfil"\nmax_duration = "300ms"'), {},
      ["external_workflow[0]", "webhook"]),
     # features this version lacks are refused, never loaded and ignored
-    ("cron", GOOD + '\n[[cron]]\nschedule = "*/5 * * * *"\n', {},
-     ["veracity.toml:", "cron: not supported by this version of Veracity"]),
     ("tokens", GOOD + '\n[[tokens]]\nname = "ci"\n', {},
      ["veracity.toml:", "tokens: not supported by this version of Veracity"]),
     ("stop-flag-after", GOOD + '\n[reconciler]\nstop_flag_after = "0.5s"\n', {},

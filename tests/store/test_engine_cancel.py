@@ -592,7 +592,7 @@ async def test_a_stopped_cancel_says_why_it_ended_or_what_it_waits_for(store: St
     alone = await submit_unique(store, cancellable=True)
     alone_claim = await claim_exactly(store, alone.id)
     assert (await store.execution_cancel(alone.id, actor="op")).changed
-    assert (await store.execution_stop_if_owned(alone_claim, "cancel")).applied
+    assert (await store.execution_stop_if_owned(alone_claim, InterruptKind.CANCEL)).applied
     ended = (await assert_history_intact(store, alone.id))[-1]
     assert ended.kind == "cancelled"
     assert ended.data["reason"] == "cancel requested; stopped at its next await"
@@ -602,7 +602,7 @@ async def test_a_stopped_cancel_says_why_it_ended_or_what_it_waits_for(store: St
     kid = new_child(root.id, cancellable=False)
     assert (await store.execution_spawn_if_owned(claim, [kid], [("child_submitted", {})])).applied
     assert (await store.execution_cancel(root.id, actor="op")).changed
-    assert (await store.execution_stop_if_owned(claim, "cancel")).applied
+    assert (await store.execution_stop_if_owned(claim, InterruptKind.CANCEL)).applied
     assert (await get(store, root.id)).status == Status.BLOCKED
     waiting = (await assert_history_intact(store, root.id))[-1]
     assert waiting.kind == "blocked"

@@ -791,7 +791,7 @@ async def test_stop_pause_after_the_pause_was_withdrawn_gives_the_run_back(
     claim = await running(store)
     assert (await store.execution_pause(claim.execution_id, actor="op")).changed
     assert (await store.execution_unpause(claim.execution_id, actor="op")).changed
-    tr = await store.execution_stop_if_owned(claim, "pause")
+    tr = await store.execution_stop_if_owned(claim, InterruptKind.PAUSE)
     assert tr.applied is True
     ex = await get(store, claim.execution_id)
     assert tr.execution == ex
@@ -833,8 +833,8 @@ async def test_fenced_operations_on_an_unknown_execution_are_refused(store: Stor
         await store.execution_block_if_owned(ghost, wake_at=None, seen_signal=0, events=[],
                                              reason="wait"),
         await store.execution_spawn_if_owned(ghost, [child], []),
-        await store.execution_stop_if_owned(ghost, "cancel"),
-        await store.execution_stop_if_owned(ghost, "pause"),
+        await store.execution_stop_if_owned(ghost, InterruptKind.CANCEL),
+        await store.execution_stop_if_owned(ghost, InterruptKind.PAUSE),
     ]
     for tr in refused:
         assert tr == TransitionResult(False, None, "execution does not exist")

@@ -18,6 +18,8 @@ from veracity.api.limits import BodySizeLimit, JsonBodies
 from veracity.api.schemas import (
     LIST_VALUE_BYTES,
     CompleteRequest,
+    CronOut,
+    CronPage,
     ErrorOut,
     ExecutionOut,
     ExecutionPage,
@@ -300,6 +302,13 @@ def create_api(
         service: Service, limit: Annotated[int, Query(ge=1, le=1000)] = 100
     ) -> WorkerPage:
         return WorkerPage(items=[WorkerOut.of(w) for w in await service.workers(limit=limit)])
+
+    @app.get("/v1/crons", response_model=CronPage, responses=ERRORS)
+    async def list_crons(service: Service) -> CronPage:
+        """The [[cron]] entries of this server's configuration, in its order: each with its
+        last slot, the execution that slot started and that execution's status, and the
+        next slot (docs/cron.md)."""
+        return CronPage(items=[CronOut.of(v) for v in await service.crons()])
 
     @app.get(
         "/v1/executions/{execution_id}/history", response_model=HistoryPage, responses=ERRORS

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
-from veracity.control import WorkerView
+from veracity.control import CronView, WorkerView
 from veracity.core.states import Status
 from veracity.models import Execution, HistoryEvent
 
@@ -222,6 +222,44 @@ class WorkerOut(BaseModel):
 class WorkerPage(BaseModel):
     items: list[WorkerOut]
     next_cursor: str | None = None
+
+
+class CronOut(BaseModel):
+    name: str
+    ffqn: str
+    schedule: str = Field(description="5 fields, or 6 with a leading seconds field")
+    timezone: str = Field(description="IANA time zone whose wall clock the schedule reads")
+    params: list[Any]
+    catch_up: bool
+    first_seen_at: datetime | None = Field(
+        description="When a server first ran the entry with this schedule and time zone "
+                    "(nothing before it fires); null until a server has run it so")
+    last_slot: datetime | None = Field(description="The newest slot started")
+    last_execution_id: str | None = Field(description="The execution the last slot started")
+    last_execution_status: Status | None = Field(description="That execution's status now")
+    next_slot: datetime | None = Field(
+        description="The first slot after now; null if the schedule never fires again")
+    next_slot_local: datetime | None = Field(description="next_slot in the entry's time zone")
+
+    @classmethod
+    def of(cls, view: CronView) -> CronOut:
+        e, r = view.entry, view.record
+        return cls(
+            name=e.name, ffqn=e.ffqn, schedule=e.expression, timezone=e.timezone,
+            params=list(e.params), catch_up=e.catch_up,
+            # recorded with another schedule or time zone: a server has not run this one
+            first_seen_at=r.first_seen_at if r and (r.schedule, r.timezone) == (
+                e.expression, e.timezone) else None,
+            last_slot=r.last_slot_at if r else None,
+            last_execution_id=str(r.last_execution_id) if r and r.last_execution_id else None,
+            last_execution_status=r.last_status if r else None,
+            next_slot=view.next_slot,
+            next_slot_local=e.schedule.local(view.next_slot) if view.next_slot else None,
+        )
+
+
+class CronPage(BaseModel):
+    items: list[CronOut]
 
 
 class ErrorBody(BaseModel):

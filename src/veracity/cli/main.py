@@ -1,4 +1,5 @@
-"""Commands: server, migrate, submit, get, list, history, replay, ...
+"""Commands: server, worker, workers, crons, migrate, submit, get, list, history, replay,
+retry, cancel, pause, unpause, send, resolve.
 
 Exit codes: 0 success, 1 an error (bad input, not found, database unreachable),
 2 a usage error (click's own).
@@ -19,7 +20,7 @@ import click
 import psycopg
 import psycopg_pool
 
-from veracity.api.schemas import ExecutionOut, HistoryItem, WorkerOut
+from veracity.api.schemas import CronOut, ExecutionOut, HistoryItem, WorkerOut
 from veracity.cli.output import fmt_time, print_fields, print_json, print_table, short
 from veracity.config import Settings, load_settings
 from veracity.control import MAX_HISTORY_LIMIT, Resolved
@@ -164,11 +165,12 @@ def server(config_path: str | None, database_url: str | None, app: str | None,
     try:
         from veracity.adapters.config import parse_external
         from veracity.bindings import resolve_http
-        from veracity.runtime import load_user_app
+        from veracity.runtime import cron_entries, load_user_app
 
-        load_user_app(settings)  # fail fast, before binding the port
-        parse_external(settings)  # a misconfigured engine is named at start
-        resolve_http(settings)  # and so is a binding whose secret is not defined
+        user_app = load_user_app(settings)  # fail fast, before binding the port
+        external = parse_external(settings)  # a misconfigured engine is named at start
+        cron_entries(settings, user_app, external)  # and so is a bad [[cron]] entry
+        resolve_http(settings)  # and a binding whose secret is not defined
     except ConfigError as exc:
         raise Failure(str(exc)) from None
     sys.exit(run_server(settings, with_worker=with_worker))
@@ -211,6 +213,33 @@ def workers(config_path: str | None, database_url: str | None, app: str | None, 
           v.record.deployment_id, str(v.record.concurrency), fmt_time(v.record.started_at),
           fmt_time(v.record.last_heartbeat), fmt_time(v.record.stopped_at),
           short(", ".join(v.record.ffqns), 60)] for v in views],
+    )
+
+
+@cli.command()
+@common_options
+@json_option
+def crons(config_path: str | None, database_url: str | None, app: str | None,
+          as_json: bool) -> None:
+    """List the [[cron]] entries: last slot, its execution and status, next slot."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    views = run(with_runtime(settings, lambda rt: rt.service.crons()))
+    items = [CronOut.of(v) for v in views]
+    if as_json:
+        print_json({"items": [item.model_dump(mode="json") for item in items]})
+        return
+    if not items:
+        click.echo("no [[cron]] entries are configured")
+        return
+    print_table(
+        ["name", "workflow", "schedule", "timezone", "last slot", "execution", "status",
+         "next slot", "next slot (local)"],
+        [[c.name, short(c.ffqn, 50), c.schedule, c.timezone, fmt_time(c.last_slot),
+          c.last_execution_id or "-",
+          str(c.last_execution_status) if c.last_execution_status else "-",
+          fmt_time(c.next_slot),
+          c.next_slot_local.strftime("%Y-%m-%d %H:%M:%S %z") if c.next_slot_local else "-"]
+         for c in items],
     )
 
 

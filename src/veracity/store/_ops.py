@@ -30,6 +30,9 @@ from veracity.models import (
     CallbackResult,
     Claim,
     ControlResult,
+    CronDefinition,
+    CronFire,
+    CronRecord,
     Execution,
     Interrupt,
     Message,
@@ -46,7 +49,8 @@ Row = Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class JsonParam:
-    """A parameter the backend must send as JSON."""
+    """A parameter the backend must send as JSON. Datetimes inside it are encoded the way
+    the backend stores times (PostgreSQL: ISO 8601 text; SQLite: microseconds)."""
 
     value: JSON
 
@@ -838,3 +842,56 @@ def resolve(execution_id: uuid.UUID, action: ResolveAction, external_id: str | N
         "why_unconfirmed": unconfirmed,
         "external_execution_id": current.external_execution_id})], now)
     return ControlResult(execution_from(rows[0]), changed=True)
+
+
+# -- cron (docs/cron.md) ----------------------------------------------------------------------
+
+
+def cron_record_from(row: Row) -> CronRecord:
+    return CronRecord(
+        name=row["name"], schedule=row["schedule"], timezone=row["timezone"],
+        first_seen_at=row["first_seen_at"], last_slot_at=row["last_slot_at"],
+        last_execution_id=row["last_execution_id"],
+        last_status=Status(row["last_status"]) if row["last_status"] is not None else None)
+
+
+def cron_records(names: Sequence[str]) -> Op:
+    rows = yield Query("cron_entry_records", {"names": list(names)})
+    return {row["name"]: cron_record_from(row) for row in rows}
+
+
+def cron_register(definitions: Sequence[CronDefinition], now: datetime | None) -> Op:
+    """Record the entries a server runs (first seen now unless recorded with the same
+    schedule and time zone), then read them back."""
+    if definitions:
+        yield Query("cron_entry_register_many", {"rows": JsonParam([
+            {"name": d.name, "schedule": d.schedule, "timezone": d.timezone}
+            for d in sorted(definitions, key=lambda d: d.name)]), "now": now})
+    return (yield from cron_records([d.name for d in definitions]))
+
+
+def cron_fire(fires: Sequence[CronFire], now: datetime | None) -> Op:
+    """Start slots in a fixed number of statements whatever their number: claim the keys
+    (one insert; a key taken by another server, committed or not, is waited for, then
+    skipped), insert the executions of the slots claimed (one insert) and their pending
+    events (one insert). The unique key, not a lock, is what makes a slot start once."""
+    ordered = sorted(fires, key=lambda f: (f.name, f.slot_at))
+    rows = yield Query("cron_slot_claim_many", {"rows": JsonParam([
+        {"name": f.name, "slot_at": f.slot_at, "execution_id": str(f.execution.id)}
+        for f in ordered]), "now": now})
+    claimed = {row["execution_id"] for row in rows}
+    mine = [f for f in ordered if f.execution.id in claimed]
+    if not mine:
+        return mine
+    yield Query("execution_insert_many", {"rows": JsonParam([
+        {"id": str(f.execution.id), "ffqn": f.execution.ffqn, "params": f.execution.params,
+         "deployment_id": f.execution.deployment_id, "scheduled_at": f.slot_at}
+        for f in mine]), "now": now})
+    yield Query("history_append_many", {"rows": JsonParam([
+        {"execution_id": str(f.execution.id), "seq": 1, "kind": str(Status.PENDING),
+         "data": {"ffqn": f.execution.ffqn, "params": f.execution.params,
+                  "deployment_id": f.execution.deployment_id,
+                  "scheduled_at": f.slot_at.isoformat(), "parent_id": None,
+                  "join_set": None, "idempotency_key": None, "cron": f.event}}
+        for f in mine]), "now": now})
+    return mine

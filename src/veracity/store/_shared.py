@@ -17,6 +17,9 @@ from veracity.models import (
     CallbackResult,
     Claim,
     ControlResult,
+    CronDefinition,
+    CronFire,
+    CronRecord,
     Execution,
     Interrupt,
     NewExecution,
@@ -281,3 +284,34 @@ class SharedMethods:
     async def execution_flag_counts(self) -> dict[str, int]:
         counts: dict[str, int] = await self._op(_ops.flag_counts)
         return counts
+
+    # -- cron (docs/cron.md) ------------------------------------------------------------
+
+    async def cron_records(self, names: Sequence[str]) -> dict[str, CronRecord]:
+        if not names:
+            return {}
+        records: dict[str, CronRecord] = await self._op(lambda: _ops.cron_records(names))
+        return records
+
+    async def cron_register(
+        self, definitions: Sequence[CronDefinition]
+    ) -> dict[str, CronRecord]:
+        if len({d.name for d in definitions}) != len(definitions):
+            raise ValueError("cron entries are registered once each")
+        records: dict[str, CronRecord] = await self._op(
+            lambda: _ops.cron_register(definitions, self._now()))
+        return records
+
+    async def cron_fire(self, fires: Sequence[CronFire]) -> list[CronFire]:
+        if not fires:
+            return []
+        keys = {(f.name, f.slot_at) for f in fires}
+        if len(keys) != len(fires) or len({f.execution.id for f in fires}) != len(fires):
+            raise ValueError("each slot, and each execution, is started once per call")
+        for f in fires:
+            require_aware(f.slot_at)
+            if f.execution.parent_id is not None or f.execution.paused \
+                    or f.execution.idempotency_key is not None:
+                raise ValueError("a slot starts a plain top-level pending execution")
+        started: list[CronFire] = await self._op(lambda: _ops.cron_fire(fires, self._now()))
+        return started

@@ -28,6 +28,9 @@ from veracity.models import (
     CallbackResult,
     Claim,
     ControlResult,
+    CronDefinition,
+    CronFire,
+    CronRecord,
     Execution,
     ExecutionFilter,
     HistoryEvent,
@@ -83,6 +86,10 @@ class ReadStore(Protocol):
 
     async def execution_flag_counts(self) -> dict[str, int]:
         """How many executions carry each flag kind (terminal forced ones included)."""
+
+    async def cron_records(self, names: Sequence[str]) -> dict[str, CronRecord]:
+        """The recorded cron entries among ``names`` (one not yet run by any server is
+        absent), each with its newest slot and that slot's execution and status."""
 
 
 class DelegatedWrites(Protocol):
@@ -295,7 +302,7 @@ class ControlStore(RetryWrites, DelegatedWrites, ReadStore, Protocol):
 
 
 class MaintenanceStore(DelegatedWrites, ReadStore, Protocol):
-    """The periodic services: single-runner locks, lease recovery, the reconciler."""
+    """The periodic services: single-runner locks, lease recovery, the reconciler, cron."""
 
     def single_runner(self, name: str) -> AbstractAsyncContextManager[RunnerLock]:
         """Try to take the lock ``name`` for one tick of a periodic service; yields a
@@ -315,6 +322,19 @@ class MaintenanceStore(DelegatedWrites, ReadStore, Protocol):
         self, *, limit: int = 1000, after: uuid.UUID | None = None
     ) -> list[Execution]:
         """Running executions delegated to an engine, by id (keyset ``after``)."""
+
+    async def cron_register(
+        self, definitions: Sequence[CronDefinition]
+    ) -> dict[str, CronRecord]:
+        """Record the cron entries a server runs: an entry new to the database, or recorded
+        with another schedule or time zone, is first seen now; the others are left as
+        they are. Returns their records."""
+
+    async def cron_fire(self, fires: Sequence[CronFire]) -> list[CronFire]:
+        """Start slots, in one transaction: for each slot whose key (name, slot time) is
+        still free, the slot, its pending execution and that execution's ``pending``
+        event. A slot another caller started first is left alone (concurrent callers
+        start each slot once). Returns the slots this call started, in key order."""
 
 
 class Store(WorkerStore, ControlStore, MaintenanceStore, Protocol):

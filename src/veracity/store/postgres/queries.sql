@@ -616,3 +616,53 @@ GROUP BY flag_kind
 INSERT INTO veracity_history (execution_id, seq, kind, at, data)
 SELECT r.execution_id, r.seq, r.kind, coalesce(%(now)s::timestamptz, now()), r.data
 FROM json_to_recordset(%(rows)s::json) AS r (execution_id uuid, seq integer, kind text, data json)
+
+-- ---------------------------------------------------------------------------------------
+-- Cron (docs/cron.md; store/_ops.py drives these)
+
+-- name: cron_entry_register_many
+-- rows [{name, schedule, timezone}]: first seen now, unless already recorded with the same
+-- schedule and time zone
+INSERT INTO veracity_cron_entries (name, schedule, timezone, first_seen_at)
+SELECT r.name, r.schedule, r.timezone, coalesce(%(now)s::timestamptz, now())
+FROM json_to_recordset(%(rows)s::json) AS r (name text, schedule text, timezone text)
+ORDER BY r.name
+ON CONFLICT (name) DO UPDATE SET
+    schedule = excluded.schedule,
+    timezone = excluded.timezone,
+    first_seen_at = excluded.first_seen_at
+WHERE veracity_cron_entries.schedule <> excluded.schedule
+   OR veracity_cron_entries.timezone <> excluded.timezone
+
+-- name: cron_entry_records
+-- each entry with its newest slot, the execution that slot started and its status
+SELECT e.name, e.schedule, e.timezone, e.first_seen_at,
+       s.slot_at AS last_slot_at, s.execution_id AS last_execution_id,
+       x.status AS last_status
+FROM veracity_cron_entries AS e
+LEFT JOIN LATERAL (
+    SELECT slot_at, execution_id FROM veracity_cron_slots
+    WHERE name = e.name ORDER BY slot_at DESC LIMIT 1) AS s ON true
+LEFT JOIN veracity_executions AS x ON x.id = s.execution_id
+WHERE e.name = ANY (%(names)s::text[])
+ORDER BY e.name
+
+-- name: cron_slot_claim_many
+-- rows [{name, slot_at, execution_id}]: the slots whose key was free (in key order, so
+-- that servers claiming the same slots wait for each other instead of deadlocking)
+INSERT INTO veracity_cron_slots (name, slot_at, execution_id, fired_at)
+SELECT r.name, r.slot_at, r.execution_id, coalesce(%(now)s::timestamptz, now())
+FROM json_to_recordset(%(rows)s::json) AS r (name text, slot_at timestamptz, execution_id uuid)
+ORDER BY r.name, r.slot_at
+ON CONFLICT DO NOTHING
+RETURNING execution_id
+
+-- name: execution_insert_many
+-- rows [{id, ffqn, params, deployment_id, scheduled_at}]: new pending executions
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, attempt, deployment_id, scheduled_at, created_at, updated_at,
+    history_seq)
+SELECT r.id, r.ffqn, r.params, 'pending', 1, r.deployment_id, r.scheduled_at,
+       coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1
+FROM json_to_recordset(%(rows)s::json)
+    AS r (id uuid, ffqn text, params json, deployment_id text, scheduled_at timestamptz)

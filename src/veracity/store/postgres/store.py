@@ -7,6 +7,7 @@ history event), run in autocommit mode: one round trip, one transaction.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -97,9 +98,19 @@ def row_to_event(row: Row) -> HistoryEvent:
     )
 
 
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _json_param(value: Any) -> str:
+    return json.dumps(value, default=_iso)
+
+
 def _pg_param(value: Any) -> Any:
     if isinstance(value, _ops.JsonParam):
-        return Json(value.value)
+        return Json(value.value, dumps=_json_param)
     return value
 
 

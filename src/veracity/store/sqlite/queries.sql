@@ -506,3 +506,54 @@ INSERT INTO veracity_history (execution_id, seq, kind, at, data)
 SELECT json_extract(value, '$.execution_id'), json_extract(value, '$.seq'),
        json_extract(value, '$.kind'), :now, json_extract(value, '$.data')
 FROM json_each(:rows)
+
+-- ---------------------------------------------------------------------------------------
+-- Cron (docs/cron.md; store/_ops.py drives these)
+
+-- name: cron_entry_register_many
+-- rows [{name, schedule, timezone}]: first seen now, unless already recorded with the same
+-- schedule and time zone
+INSERT INTO veracity_cron_entries (name, schedule, timezone, first_seen_at)
+SELECT json_extract(value, '$.name'), json_extract(value, '$.schedule'),
+       json_extract(value, '$.timezone'), :now
+FROM json_each(:rows) WHERE true
+ORDER BY 1
+ON CONFLICT (name) DO UPDATE SET
+    schedule = excluded.schedule,
+    timezone = excluded.timezone,
+    first_seen_at = excluded.first_seen_at
+WHERE veracity_cron_entries.schedule <> excluded.schedule
+   OR veracity_cron_entries.timezone <> excluded.timezone
+
+-- name: cron_entry_records
+-- each entry with its newest slot, the execution that slot started and its status
+SELECT e.name, e.schedule, e.timezone, e.first_seen_at,
+       s.slot_at AS last_slot_at, s.execution_id AS last_execution_id,
+       x.status AS last_status
+FROM veracity_cron_entries AS e
+LEFT JOIN veracity_cron_slots AS s
+    ON s.name = e.name
+   AND s.slot_at = (SELECT max(slot_at) FROM veracity_cron_slots WHERE name = e.name)
+LEFT JOIN veracity_executions AS x ON x.id = s.execution_id
+WHERE e.name IN (SELECT value FROM json_each(:names))
+ORDER BY e.name
+
+-- name: cron_slot_claim_many
+-- rows [{name, slot_at, execution_id}]: the slots whose key was free
+INSERT INTO veracity_cron_slots (name, slot_at, execution_id, fired_at)
+SELECT json_extract(value, '$.name'), json_extract(value, '$.slot_at'),
+       json_extract(value, '$.execution_id'), :now
+FROM json_each(:rows) WHERE true
+ORDER BY 1, 2
+ON CONFLICT DO NOTHING
+RETURNING execution_id
+
+-- name: execution_insert_many
+-- rows [{id, ffqn, params, deployment_id, scheduled_at}]: new pending executions
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, attempt, deployment_id, scheduled_at, created_at, updated_at,
+    history_seq)
+SELECT json_extract(value, '$.id'), json_extract(value, '$.ffqn'),
+       json_extract(value, '$.params'), 'pending', 1, json_extract(value, '$.deployment_id'),
+       json_extract(value, '$.scheduled_at'), :now, :now, 1
+FROM json_each(:rows)

@@ -597,19 +597,29 @@ class SqliteStore(SharedMethods):
         yield None  # pragma: no cover - makes this an async generator
 
 
-UUID_COLUMNS = frozenset({"id", "parent_id", "execution_id", "retry_of"})
+UUID_COLUMNS = frozenset({"id", "parent_id", "execution_id", "retry_of",
+                          "last_execution_id"})
 TIME_COLUMNS = frozenset({
     "scheduled_at", "created_at", "updated_at", "lease_expires_at", "wake_at",
     "cancel_requested_at", "pause_requested_at", "at", "consumed_at", "started_at",
     "last_heartbeat", "stopped_at", "triggered_at", "flagged_at", "end_requested_at",
+    "first_seen_at", "last_slot_at", "slot_at", "fired_at",
 })
 JSON_COLUMNS = frozenset({"params", "result", "error", "data", "payload", "ffqns",
                           "end_request"})
 
 
+def _us(value: Any) -> int:
+    if isinstance(value, datetime):
+        return to_us(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def _sqlite_param(value: Any) -> Any:
     if isinstance(value, _ops.JsonParam):
-        return _dumps(value.value)
+        # times inside as this store keeps them: microseconds since the epoch
+        return json.dumps(value.value, separators=(",", ":"), ensure_ascii=False,
+                          default=_us)
     if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, datetime):
