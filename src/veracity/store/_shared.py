@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -13,9 +13,11 @@ from veracity.core.requests import CallbackReport, InterruptKind, ResolveAction
 from veracity.core.states import Status
 from veracity.models import (
     JSON,
+    Adopted,
     CallbackResult,
     Claim,
     ControlResult,
+    DeploymentSummary,
     Execution,
     Interrupt,
     NewExecution,
@@ -262,3 +264,26 @@ class SharedMethods:
     async def execution_flag_counts(self) -> dict[str, int]:
         counts: dict[str, int] = await self._op(_ops.flag_counts)
         return counts
+
+    # -- deployments (docs/deployments.md) -------------------------------------------------
+
+    async def deployment_list(self, *, live_within: timedelta) -> list[DeploymentSummary]:
+        if live_within <= timedelta(0):
+            raise ValueError("live_within must be positive")
+        result: list[DeploymentSummary] = await self._op(
+            lambda: _ops.deployments(live_within, self._now()))
+        return result
+
+    async def deployment_adopt(
+        self, from_id: str, to_id: str, *, ffqn_prefix: str | None, actor: str,
+        live_within: timedelta,
+    ) -> Adopted:
+        if from_id == to_id:
+            raise ValueError("a deployment cannot adopt its own executions")
+        if live_within <= timedelta(0):
+            raise ValueError("live_within must be positive")
+        if ffqn_prefix is not None and not ffqn_prefix:
+            raise ValueError("an empty ffqn_prefix: give None for every workflow")
+        result: Adopted = await self._op(lambda: _ops.adopt(
+            from_id, to_id, ffqn_prefix, actor, live_within, self._now()))
+        return result

@@ -1,0 +1,3 @@
+-- 0008: reserved for cron (the cron branch). On the deployments branch this file only holds
+-- the number so that 0009 follows without a gap (migrations are numbered 1..n); the cron
+-- branch's 0008 replaces it at merge.

@@ -1,0 +1,3 @@
+-- 0007: reserved for scoped API tokens (the tokens branch). On the deployments branch this
+-- file only holds the number so that 0009 follows 0008 without a gap (migrations are
+-- numbered 1..n); the tokens branch's 0007 replaces it at merge.
