@@ -398,21 +398,24 @@ WHERE lease_owner = %(owner)s
   AND (cancel_requested_at IS NOT NULL OR pause_requested_at IS NOT NULL)
 
 -- name: execution_wake_due
+-- oldest timer first, in the answer too (an UPDATE's RETURNING has no order of its own)
 WITH due AS (
-    SELECT id FROM veracity_executions
+    SELECT id, wake_at FROM veracity_executions
     WHERE status = 'blocked' AND cancel_requested_at IS NULL
       AND wake_at <= coalesce(%(now)s::timestamptz, now())
     ORDER BY wake_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), woken AS (
+    UPDATE veracity_executions AS e SET
+        status = 'pending', wake_at = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now()),
+        history_seq = e.history_seq + 1
+    FROM due
+    WHERE e.id = due.id AND e.status = ANY (%(from_states)s::text[])
+    RETURNING e.*, due.wake_at AS due_at
 )
-UPDATE veracity_executions AS e SET
-    status = 'pending', wake_at = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now()),
-    history_seq = e.history_seq + 1
-FROM due
-WHERE e.id = due.id AND e.status = ANY (%(from_states)s::text[])
-RETURNING e.*
+SELECT * FROM woken ORDER BY due_at, id
 
 -- name: execution_cancel_mark
 -- the execution and, recursively, its unfinished children whose names end in -cancellable
