@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
+from veracity.core.deployments import Upgrade
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
 from veracity.errors import ConfigError
 
@@ -27,6 +28,7 @@ class WorkflowDef:
     ffqn: str
     fn: WorkflowFn
     timeout: timedelta | None = None
+    upgrade: Upgrade = Upgrade.PINNED
 
 
 class App:
@@ -37,17 +39,26 @@ class App:
         self._workflows: dict[str, WorkflowDef] = {}
 
     def workflow(
-        self, ffqn: str, *, timeout: float | timedelta | None = None
+        self, ffqn: str, *, timeout: float | timedelta | None = None,
+        upgrade: str = "pinned",
     ) -> Callable[[F], F]:
         """Register an async function as the workflow named ``ffqn``.
 
         ``ffqn`` is ``namespace:package/interface.function``; end it in ``-cancellable``
         if the workflow may be cancelled from outside. ``timeout`` bounds one run.
+        ``upgrade`` (docs/deployments.md): ``"pinned"`` (the default), its executions are
+        run only by workers of the deployment they belong to; ``"auto"``, a worker of any
+        deployment claims them, and they move onto its deployment (their histories must
+        replay on the new code).
         """
         try:
             validate_ffqn(ffqn)
         except InvalidFfqn as exc:
             raise ValueError(str(exc)) from None
+        try:
+            mode = Upgrade(upgrade)
+        except ValueError:
+            raise ValueError(f"upgrade must be 'pinned' or 'auto', not {upgrade!r}") from None
         if isinstance(timeout, int | float):
             if timeout <= 0:
                 raise ValueError("timeout must be positive")
@@ -58,7 +69,7 @@ class App:
                 raise TypeError(f"workflow {ffqn!r} must be an async function (async def)")
             if ffqn in self._workflows:
                 raise ValueError(f"workflow {ffqn!r} is registered twice")
-            self._workflows[ffqn] = WorkflowDef(ffqn, fn, timeout)
+            self._workflows[ffqn] = WorkflowDef(ffqn, fn, timeout, mode)
             return fn
 
         return register
@@ -75,6 +86,11 @@ class App:
 
     def get(self, ffqn: str) -> WorkflowDef | None:
         return self._workflows.get(ffqn)
+
+    @property
+    def upgrading(self) -> list[str]:
+        """The workflows registered with ``upgrade="auto"``."""
+        return sorted(f for f, wf in self._workflows.items() if wf.upgrade is Upgrade.AUTO)
 
     def code_digest(self) -> str:
         """A digest of the registered workflows' names and source code: the default
