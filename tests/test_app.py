@@ -76,12 +76,13 @@ def test_upgrade_mode_pinned_by_default_or_auto():
     async def explicit(ctx):
         return None
 
-    assert [app.get(f).upgrade for f in ("a:b/c.pinned", "a:b/c.auto", "a:b/c.explicit")] \
-        == [Upgrade.PINNED, Upgrade.AUTO, Upgrade.PINNED]
+    modes = {f: wf.upgrade for f, wf in app.workflows.items()}
+    assert modes == {"a:b/c.pinned": Upgrade.PINNED, "a:b/c.auto": Upgrade.AUTO,
+                     "a:b/c.explicit": Upgrade.PINNED}
     assert app.upgrading == ["a:b/c.auto"]
     for bad in ("Auto", "latest", "", None):
         with pytest.raises(ValueError, match="upgrade must be 'pinned' or 'auto'"):
-            app.workflow("a:b/c.bad", upgrade=bad)
+            app.workflow("a:b/c.bad", upgrade=bad)  # type: ignore[arg-type]
     assert "a:b/c.bad" not in app
 
 

@@ -42,6 +42,7 @@ async def test_a_worker_process_records_its_deployment(
         return await record(database_url, "d-proc")
 
     first = await wait_until(recorded, 15, what="the worker's deployment", describe=w.describe)
+    assert first is not None
     assert first.first_seen == first.last_seen  # as it registered
 
     async def seen_again() -> DeploymentRecord | None:
@@ -49,6 +50,7 @@ async def test_a_worker_process_records_its_deployment(
         return now if now is not None and now.last_seen > first.last_seen else None
 
     later = await wait_until(seen_again, 10, what="a heartbeat", describe=w.describe)
+    assert later is not None
     assert later.first_seen == first.first_seen
     w.terminate()
     assert await w.wait(10) == 0, w.describe()
