@@ -183,6 +183,7 @@ async def test_adopt_refusals_write_nothing(
     url = f"/v1/deployments/{OLD}/adopt"
     cases: list[tuple[str, Any, int, str]] = [
         ("/v1/deployments/d-nobody/adopt", {}, 404, "not_found"),
+        (f"/v1/deployments/{'x' * 129}/adopt", {}, 422, "invalid_deployment_id"),
         (f"/v1/deployments/{DEPLOYMENT}/adopt", {}, 422, "same_deployment"),
         (url, {"ffqn_prefix": "Shop:"}, 422, "invalid_ffqn_prefix"),
         (url, {"ffqn_prefix": "shop:orders//"}, 422, "invalid_ffqn_prefix"),
