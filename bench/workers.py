@@ -2,7 +2,10 @@
 
 - throughput: N no-op executions inserted up front, then 1 (and 2) ``veracity worker``
   processes; the rate is N over the time from the first claim to the last completion, both
-  read from the database's own timestamps.
+  read from the database's own timestamps. Then the same for 1 worker with a backlog of
+  100,000 pending executions of another deployment due before its own (stranded ones,
+  say): a worker claims only its own deployment's (docs/deployments.md), without reading
+  those.
 - latency: one idle worker; executions submitted one at a time; submit-to-start is the
   ``running`` event's time minus ``created_at`` (both the database clock).
 - recovery: executions in the middle of slow steps, the worker killed with SIGKILL, a second
@@ -38,8 +41,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @contextmanager
 def worker_procs(url: str, n: int, **env: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    # the deployment the executions are inserted with: a worker claims only its own
     full = dict(os.environ, VERACITY_DATABASE_URL=url, VERACITY_APP="bench.apps:app",
-                PYTHONPATH=str(ROOT), VERACITY_LOG_LEVEL="warning", **env)
+                PYTHONPATH=str(ROOT), VERACITY_LOG_LEVEL="warning",
+                VERACITY_DEPLOYMENT_ID="bench", **env)
     procs = [subprocess.Popen([veracity_bin(), "worker"], env=full,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for _ in range(n)]
@@ -63,28 +68,30 @@ async def migrate(url: str) -> None:
     await store.close()
 
 
-def insert_noops(url: str, n: int, ffqn: str = "bench:noop/run.fn") -> None:
+def insert_noops(url: str, n: int, ffqn: str = "bench:noop/run.fn",
+                 deployment_id: str = "bench", ago: float = 0.0) -> None:
     """Bulk-insert n pending executions of ``ffqn`` (and their creation events) in one
-    statement."""
+    statement, due ``ago`` seconds ago."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             """
             WITH ins AS (
                 INSERT INTO veracity_executions (id, ffqn, params, status, deployment_id,
                     scheduled_at, created_at, updated_at, history_seq)
-                SELECT gen_random_uuid(), %s, '[]', 'pending', 'bench',
-                       now(), now(), now(), 1
+                SELECT gen_random_uuid(), %s, '[]', 'pending', %s,
+                       now() - make_interval(secs => %s), now(), now(), 1
                 FROM generate_series(1, %s)
                 RETURNING id, created_at
             )
             INSERT INTO veracity_history (execution_id, seq, kind, at, data)
             SELECT id, 1, 'pending', created_at, '{}' FROM ins
             """,
-            [ffqn, n],
+            [ffqn, deployment_id, ago, n],
         )
 
 
 def wait_done(url: str, n: int, timeout: float) -> None:
+    """Until n executions are completed."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True) as conn:
         while time.monotonic() < deadline:
@@ -97,9 +104,13 @@ def wait_done(url: str, n: int, timeout: float) -> None:
     raise SystemExit(f"not all {n} executions completed within {timeout}s")
 
 
-def throughput(workers: int, n: int, concurrency: int) -> float:
+def throughput(workers: int, n: int, concurrency: int, backlog: int = 0) -> float:
     with scratch_pg_database() as url:
         asyncio.run(migrate(url))
+        if backlog:  # another deployment's, due an hour before ours
+            insert_noops(url, backlog, deployment_id="bench-old", ago=3600)
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("ANALYZE veracity_executions")
         insert_noops(url, n)
         with worker_procs(url, workers, VERACITY_WORKER_CONCURRENCY=str(concurrency)):
             wait_done(url, n, timeout=300)
@@ -107,13 +118,17 @@ def throughput(workers: int, n: int, concurrency: int) -> float:
             row = conn.execute(
                 "SELECT extract(epoch FROM max(updated_at) - "
                 "(SELECT min(at) FROM veracity_history WHERE kind = 'running')) "
-                "FROM veracity_executions"
+                "FROM veracity_executions WHERE deployment_id = 'bench'"
             ).fetchone()
             assert row is not None
             completed = conn.execute(
                 "SELECT count(*) FROM veracity_history WHERE kind = 'completed'"
             ).fetchone()
             assert completed == (n,), completed
+            left = conn.execute("SELECT count(*) FROM veracity_executions "
+                                "WHERE deployment_id = 'bench-old' AND status = 'pending'"
+                                ).fetchone()
+            assert left == (backlog,), left  # the other deployment's were left alone
             return n / float(row[0])
 
 
@@ -200,11 +215,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--executions", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--backlog", type=int, default=100_000,
+                        help="pending executions of another deployment, due first")
     args = parser.parse_args(argv)
     for n_workers in (1, 2):
         rate = throughput(n_workers, args.executions, args.concurrency)
         print(f"workers  postgresql  {n_workers} worker process(es), concurrency "
               f"{args.concurrency}: {rate:,.0f} no-op executions/s ({args.executions})")
+    rate = throughput(1, args.executions, args.concurrency, backlog=args.backlog)
+    print(f"workers  postgresql  1 worker process, concurrency {args.concurrency}, "
+          f"{args.backlog:,} pending executions of another deployment due first: "
+          f"{rate:,.0f} no-op executions/s ({args.executions})")
     p50, p95, p99, count = latency(args.samples)
     print(f"workers  postgresql  submit-to-start, idle worker ({count} samples): "
           f"p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms")

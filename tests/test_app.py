@@ -59,6 +59,33 @@ def test_rejects_bad_names_sync_functions_and_duplicates():
         app.workflow("a:b/c.f", timeout=0)
 
 
+def test_upgrade_mode_pinned_by_default_or_auto():
+    from veracity.core.deployments import Upgrade
+
+    app = App()
+
+    @app.workflow("a:b/c.pinned")
+    async def pinned(ctx):
+        return None
+
+    @app.workflow("a:b/c.auto", upgrade="auto")
+    async def auto(ctx):
+        return None
+
+    @app.workflow("a:b/c.explicit", upgrade="pinned")
+    async def explicit(ctx):
+        return None
+
+    modes = {f: wf.upgrade for f, wf in app.workflows.items()}
+    assert modes == {"a:b/c.pinned": Upgrade.PINNED, "a:b/c.auto": Upgrade.AUTO,
+                     "a:b/c.explicit": Upgrade.PINNED}
+    assert app.upgrading == ["a:b/c.auto"]
+    for bad in ("Auto", "latest", "", None):
+        with pytest.raises(ValueError, match="upgrade must be 'pinned' or 'auto'"):
+            app.workflow("a:b/c.bad", upgrade=bad)  # type: ignore[arg-type]
+    assert "a:b/c.bad" not in app
+
+
 def test_code_digest_changes_with_code_and_names():
     a, b, c = App(), App(), App()
 

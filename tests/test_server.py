@@ -25,7 +25,7 @@ import pytest
 
 from tests.api.conftest import stable
 from tests.conftest import run_async
-from tests.worker._procs import Processes, WorkerProcess, wait_until
+from tests.worker._procs import DEPLOYMENT, Processes, WorkerProcess, wait_until
 
 APP = "veracity.examples.shop:app"
 ORDERS = "shop:orders/process.run"
@@ -247,9 +247,11 @@ TEST_APP = "tests.workflows:app"
 
 
 def app_env(database_url: str, port: int, **extra: str) -> dict[str, str]:
-    """The server's environment with the test App (importable from the repository root)."""
-    return server_env(database_url, port, VERACITY_APP=TEST_APP,
-                      PYTHONPATH=str(REPO_ROOT), **extra)
+    """The server's environment with the test App (importable from the repository root), in
+    the deployment of the tests' worker processes (tests.worker._procs)."""
+    return server_env(database_url, port, **{"VERACITY_APP": TEST_APP,
+                                             "PYTHONPATH": str(REPO_ROOT),
+                                             "VERACITY_DEPLOYMENT_ID": DEPLOYMENT, **extra})
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
+from veracity.core.deployments import Upgrade
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
 from veracity.core.retry import NO_RETRY, RetryPolicy
 from veracity.errors import ConfigError
@@ -33,6 +34,8 @@ class WorkflowDef:
     retry: RetryPolicy = NO_RETRY
     """Retries of the whole workflow after its own error (or its timeout): each retry runs
     it afresh. Default: none."""
+    upgrade: Upgrade = Upgrade.PINNED
+    """Which deployment's workers run its executions (docs/deployments.md)."""
 
 
 class App:
@@ -45,6 +48,7 @@ class App:
     def workflow(
         self, ffqn: str, *, timeout: float | timedelta | None = None,
         retry: RetryPolicy | None = None,
+        upgrade: str = "pinned",
     ) -> Callable[[F], F]:
         """Register an async function as the workflow named ``ffqn``.
 
@@ -53,6 +57,10 @@ class App:
         ``retry`` retries the whole workflow when it fails with its own error or its
         timeout (each retry starts afresh, after the policy's delay); default: no retry.
         Steps have their own policy (``ctx.step_with``).
+        ``upgrade`` (docs/deployments.md): ``"pinned"`` (the default), its executions are
+        run only by workers of the deployment they belong to; ``"auto"``, a worker of any
+        deployment claims them, and they move onto its deployment (their histories must
+        replay on the new code).
         """
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError("retry must be a veracity.RetryPolicy")
@@ -60,6 +68,10 @@ class App:
             validate_ffqn(ffqn)
         except InvalidFfqn as exc:
             raise ValueError(str(exc)) from None
+        try:
+            mode = Upgrade(upgrade)
+        except ValueError:
+            raise ValueError(f"upgrade must be 'pinned' or 'auto', not {upgrade!r}") from None
         if isinstance(timeout, int | float):
             if timeout <= 0:
                 raise ValueError("timeout must be positive")
@@ -70,7 +82,7 @@ class App:
                 raise TypeError(f"workflow {ffqn!r} must be an async function (async def)")
             if ffqn in self._workflows:
                 raise ValueError(f"workflow {ffqn!r} is registered twice")
-            self._workflows[ffqn] = WorkflowDef(ffqn, fn, timeout, retry or NO_RETRY)
+            self._workflows[ffqn] = WorkflowDef(ffqn, fn, timeout, retry or NO_RETRY, mode)
             return fn
 
         return register
@@ -87,6 +99,11 @@ class App:
 
     def get(self, ffqn: str) -> WorkflowDef | None:
         return self._workflows.get(ffqn)
+
+    @property
+    def upgrading(self) -> list[str]:
+        """The workflows registered with ``upgrade="auto"``."""
+        return sorted(f for f, wf in self._workflows.items() if wf.upgrade is Upgrade.AUTO)
 
     def code_digest(self) -> str:
         """A digest of the registered workflows' names and source code: the default

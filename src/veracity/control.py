@@ -19,7 +19,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from veracity._ids import new_execution_id, parse_execution_id
 from veracity.adapters.looks import Look, Looker
 from veracity.core.cron import CronEntry
-from veracity.core.ffqn import CANCELLABLE_SUFFIX, InvalidFfqn, is_cancellable, validate_ffqn
+from veracity.core.deployments import Coverage, LiveWorker
+from veracity.core.ffqn import (
+    CANCELLABLE_SUFFIX,
+    InvalidFfqn,
+    is_cancellable,
+    validate_ffqn,
+    validate_ffqn_prefix,
+)
 from veracity.core.reconcile import FlagKind
 from veracity.core.requests import CallbackOutcome, CallbackReport, ResolveAction
 from veracity.core.states import Status
@@ -35,6 +42,7 @@ from veracity.models import (
     JSON,
     ControlResult,
     CronRecord,
+    DeploymentSummary,
     Execution,
     ExecutionFilter,
     HistoryEvent,
@@ -51,6 +59,7 @@ MAX_HISTORY_LIMIT = 10_000
 MAX_IDEMPOTENCY_KEY = 256
 MAX_JSON_DEPTH = 128
 MAX_TOPIC_LENGTH = 256
+MAX_DEPLOYMENT_ID = 128
 # PostgreSQL's timestamptz ends at 294276 AD; keep far from both ends of every backend
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
@@ -61,7 +70,7 @@ class Page:
     items: list[Execution]
     next_cursor: str | None
     waiting: dict[uuid.UUID, str] = field(default_factory=dict)
-    """For pending executions that no live worker can run: why they wait."""
+    """For unfinished executions that no live worker will run: why they wait."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +124,22 @@ class CronView:
     """None until a server has run the entry."""
     next_slot: datetime | None
     """The first slot after now (database clock); None if it never fires again."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentView:
+    summary: DeploymentSummary
+    current: bool
+    """The deployment of the process answering (its configured or digest id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptOutcome:
+    """What ``adopt`` did: the executions moved from ``from_id`` onto ``to_id``."""
+
+    from_id: str
+    to_id: str
+    execution_ids: list[uuid.UUID]
 
 
 def canonical_json(value: JSON) -> str:
@@ -325,17 +350,64 @@ class ExecutionService:
                 for e in self.cron_entries]
 
     async def waiting_reasons(self, items: Sequence[Execution]) -> dict[uuid.UUID, str]:
-        """Why pending executions wait: no live worker registers their workflow."""
-        pending = [e for e in items if e.status == Status.PENDING]
-        if not pending:
+        """Why unfinished executions wait that no live worker will run
+        (:mod:`veracity.core.deployments`): their workflow is registered by no live worker,
+        or their deployment has no live worker (stranded), or its live workers do not run
+        their workflow."""
+        unfinished = [e for e in items if not e.status.is_terminal]
+        if not unfinished:
             return {}
-        runnable: set[str] = set()
-        for view in await self.workers():
-            if view.live:
-                runnable.update(view.record.ffqns)
-        return {
-            e.id: f"no live worker runs {e.ffqn}" for e in pending if e.ffqn not in runnable
-        }
+        coverage = Coverage(
+            LiveWorker(v.record.deployment_id, frozenset(v.record.ffqns),
+                       frozenset(v.record.upgrade_ffqns))
+            for v in await self.workers() if v.live)
+        reasons: dict[uuid.UUID, str] = {}
+        for e in unfinished:
+            reason = coverage.waiting_reason(
+                status=e.status, ffqn=e.ffqn, deployment_id=e.deployment_id,
+                delegated=e.status == Status.RUNNING and e.engine is not None)
+            if reason is not None:
+                reasons[e.id] = reason
+        return reasons
+
+    # -- deployments (docs/deployments.md) ----------------------------------------------
+
+    async def deployments(self) -> list[DeploymentView]:
+        """Every deployment, newest first, with its unfinished executions by status, its
+        live workers and its stranded executions."""
+        summaries = await self.store.deployment_list(live_within=self.live_within)
+        return [DeploymentView(d, d.id == self.deployment_id) for d in summaries]
+
+    async def adopt(self, from_id: str, *, ffqn_prefix: str | None = None,
+                    actor: str = "operator") -> AdoptOutcome:
+        """Move the stranded executions of deployment ``from_id`` (those whose workflow
+        name starts with ``ffqn_prefix``, if given) onto this process's deployment, each
+        with an ``adopted`` event in its history. Bad input and refusals change nothing."""
+        if not isinstance(from_id, str) or not 1 <= len(from_id) <= MAX_DEPLOYMENT_ID \
+                or "\x00" in from_id:
+            raise InvalidInput(f"a deployment id is 1 to {MAX_DEPLOYMENT_ID} characters "
+                               "(no NUL)", code="invalid_deployment_id")
+        if from_id == self.deployment_id:
+            raise InvalidInput(
+                f"deployment {from_id} is the current deployment: adopting moves executions "
+                "of an older deployment onto the current one", code="same_deployment")
+        if ffqn_prefix is not None:
+            try:
+                validate_ffqn_prefix(ffqn_prefix)
+            except InvalidFfqn as exc:
+                raise InvalidInput(str(exc), code="invalid_ffqn_prefix") from None
+        if not actor.strip():
+            raise InvalidInput("who adopts must be named", code="invalid_input")
+        result = await self.store.deployment_adopt(
+            from_id, self.deployment_id, ffqn_prefix=ffqn_prefix, actor=actor,
+            live_within=self.live_within)
+        if result.refused is not None:
+            if result.code == "not_found":
+                raise NotFound(result.refused)
+            raise Conflict(result.refused, code=result.code)
+        if result.execution_ids and self.on_submitted is not None:
+            self.on_submitted()  # an in-process worker of this deployment: look now
+        return AdoptOutcome(from_id, self.deployment_id, result.execution_ids)
 
     async def history(
         self, execution_id: str | uuid.UUID, *, after_seq: int = 0, limit: int = 1000

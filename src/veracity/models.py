@@ -154,6 +154,9 @@ class WorkerInfo:
     deployment_id: str
     ffqns: list[str]
     concurrency: int
+    upgrade_ffqns: list[str] = field(default_factory=list)
+    """The workflows of ``ffqns`` it claims from every deployment (registered with
+    ``upgrade="auto"``); the others only from its own deployment."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,43 @@ class WorkerRecord:
     started_at: datetime
     last_heartbeat: datetime
     stopped_at: datetime | None
+    upgrade_ffqns: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentRecord:
+    """A deployment as the registry knows it: when a server or worker of it first
+    started, and when one was last seen running (docs/deployments.md)."""
+
+    id: str
+    first_seen: datetime
+    last_seen: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentSummary:
+    """One row of the deployments listing."""
+
+    id: str
+    first_seen: datetime | None
+    """None for a deployment no server or worker recorded (only executions carry it)."""
+    last_seen: datetime | None
+    unfinished: dict[str, int]
+    """Unfinished executions by status: every unfinished status, 0 included."""
+    live_workers: int
+    stranded: int
+    """Unfinished executions no live worker will run (docs/deployments.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """What an adopt did: the executions moved (in id order), or why nothing was."""
+
+    execution_ids: list[uuid.UUID]
+    refused: str | None = None
+    code: str = "wrong_state"
+    """The error code of a refusal: ``not_found`` (an unknown deployment),
+    ``deployment_live`` or ``unknown_target``."""
 
 
 @dataclass(frozen=True, slots=True)

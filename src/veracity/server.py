@@ -29,6 +29,7 @@ from veracity.control import ServiceMetrics
 from veracity.errors import ConfigError
 from veracity.maintenance._loop import run_forever
 from veracity.maintenance.cron import CronMetrics, CronService
+from veracity.maintenance.deployments import DeploymentBeacon
 from veracity.maintenance.reconciler import ReconcilerMetrics, ReconcilerService
 from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
 from veracity.runtime import Runtime, build_looker, open_runtime, redact_url
@@ -78,6 +79,10 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             metrics=RecoveryMetrics(registry),
         )
         engines = runtime.engines
+        # the server's deployment is recorded before it serves (a failure stops the start),
+        # then seen again as often as a worker's heartbeat sees its own
+        beacon = DeploymentBeacon(runtime.store, runtime.deployment_id)
+        await beacon.run_once()
         # the reconciler is always on: no setting turns it off
         reconciler = ReconcilerService(
             runtime.store, engines, runtime.external.limits,
@@ -93,6 +98,8 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
         tasks = [
             asyncio.create_task(run_forever(recovery, settings.recovery.interval, stop)),
             asyncio.create_task(run_forever(reconciler, settings.reconciler.interval, stop)),
+            asyncio.create_task(run_forever(
+                beacon, settings.worker.effective_heartbeat_interval, stop)),
         ]
         if runtime.crons:
             tasks.append(asyncio.create_task(cron.run(stop), name="veracity-cron"))

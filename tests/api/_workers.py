@@ -20,9 +20,10 @@ class Registered:
 
 
 def info(worker_id: str, *, pid: int, ffqns: list[str], concurrency: int = 4,
-         deployment_id: str = "d-test") -> WorkerInfo:
+         deployment_id: str = "d-test", upgrade_ffqns: list[str] | None = None) -> WorkerInfo:
     return WorkerInfo(id=worker_id, host=f"host-{worker_id}.example", pid=pid,
-                      deployment_id=deployment_id, ffqns=ffqns, concurrency=concurrency)
+                      deployment_id=deployment_id, ffqns=ffqns, concurrency=concurrency,
+                      upgrade_ffqns=upgrade_ffqns or [])
 
 
 async def register_workers(database_url: str) -> list[Registered]:
@@ -45,7 +46,8 @@ async def register_workers(database_url: str) -> list[Registered]:
 
         clock.set(now - timedelta(seconds=10))
         live = info("w-live", pid=303, concurrency=16,
-                    ffqns=["shop:monitor/stock.run-cancellable"])
+                    ffqns=["shop:monitor/stock.run-cancellable", "shop:mail/send.run"],
+                    upgrade_ffqns=["shop:mail/send.run"])
         await workers.worker_register(live)
     finally:
         await workers.close()

@@ -195,6 +195,7 @@ BODY_ENDPOINTS = [
     ("POST", "/v1/executions/{id}/complete"),
     ("POST", "/v1/executions/{id}/fail"),
     ("PUT", "/v1/executions/{id}/resolve"),
+    ("POST", "/v1/deployments/{id}/adopt"),
 ]
 
 NOT_JSON: dict[str, bytes] = {
@@ -216,7 +217,7 @@ NOT_JSON: dict[str, bytes] = {
 def test_the_body_endpoint_list_is_complete(api: FastAPI) -> None:
     """Every route that reads a body is in BODY_ENDPOINTS (a new one must be added)."""
     with_body = {
-        (method, route.path.replace("{execution_id}", "{id}"))
+        (method, route.path.replace("{execution_id}", "{id}").replace("{deployment_id}", "{id}"))
         for route in api.routes
         if isinstance(route, APIRoute) and route.body_field is not None
         for method in route.methods or ()

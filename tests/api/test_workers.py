@@ -13,8 +13,8 @@ from tests.api._workers import Registered, info, register_workers
 from tests.api.test_bad_input import error_problems
 from veracity.store import Store
 
-WORKER_FIELDS = {"id", "host", "pid", "deployment_id", "workflows", "concurrency",
-                 "started_at", "last_heartbeat", "stopped_at", "live"}
+WORKER_FIELDS = {"id", "host", "pid", "deployment_id", "workflows", "upgrade_auto",
+                 "concurrency", "started_at", "last_heartbeat", "stopped_at", "live"}
 
 
 def parse_time(text: str) -> datetime:
@@ -27,8 +27,8 @@ def check_item(item: dict[str, Any], expected: Registered) -> None:
     assert set(item) == WORKER_FIELDS, item
     w = expected.info
     assert (item["id"], item["host"], item["pid"], item["deployment_id"],
-            item["workflows"], item["concurrency"]) == (
-        w.id, w.host, w.pid, w.deployment_id, w.ffqns, w.concurrency)
+            item["workflows"], item["upgrade_auto"], item["concurrency"]) == (
+        w.id, w.host, w.pid, w.deployment_id, w.ffqns, w.upgrade_ffqns, w.concurrency)
     assert parse_time(item["started_at"]) == expected.started_at
     assert parse_time(item["last_heartbeat"]) == expected.started_at
     stopped = item["stopped_at"]

@@ -335,8 +335,9 @@ def test_workers_lists_registered_workers(database_url: str, tmp_path: Path) -> 
     assert set(listed) == {"items", "next_cursor"} and listed["next_cursor"] is None
     assert [i["id"] for i in listed["items"]] == [w.info.id for w in registered]
     for item, w in zip(listed["items"], registered, strict=True):
-        assert set(item) == {"id", "host", "pid", "deployment_id", "workflows", "concurrency",
-                             "started_at", "last_heartbeat", "stopped_at", "live"}, item
+        assert set(item) == {"id", "host", "pid", "deployment_id", "workflows",
+                             "upgrade_auto", "concurrency", "started_at", "last_heartbeat",
+                             "stopped_at", "live"}, item
         assert (item["host"], item["pid"], item["deployment_id"], item["workflows"],
                 item["concurrency"], item["live"]) == (
             w.info.host, w.info.pid, w.info.deployment_id, w.info.ffqns,

@@ -57,7 +57,7 @@ async def test_the_guide_runs(tmp_path, database_url):
         app: App = guide.app
         store = await open_store(database_url)
         service = ExecutionService(store, workflows=set(app.workflows), deployment_id="d-doc")
-        worker = Worker(store, app, settings=WorkerSettings(
+        worker = Worker(store, app, deployment_id="d-doc", settings=WorkerSettings(
             lease_ttl=5, heartbeat_interval=0.2, poll_interval=0.05, concurrency=8))
         task = asyncio.create_task(worker.run())
         try:

@@ -82,7 +82,7 @@ def recovery(db: Store, procs: Processes) -> Recovery:
 def start_worker(procs: Processes, url: str, *, parents_only: bool = False) -> WorkerProcess:
     """``veracity worker`` on the test App, or on ``parents_app`` (claims parents, never
     their children)."""
-    env = dict(ENGINE_ENV)
+    env = {**ENGINE_ENV, "VERACITY_DEPLOYMENT_ID": DEPLOYMENT}
     if parents_only:
         env["VERACITY_APP"] = PARENTS_APP
     return procs.worker(url, env=env)

@@ -51,6 +51,7 @@ def service(store: Store) -> ExecutionService:
 def start_worker(procs: Processes, url: str, *, notifications: bool) -> WorkerProcess:
     return procs.worker(url, "A", env={
         **SLOW_HEARTBEAT,
+        "VERACITY_DEPLOYMENT_ID": DEPLOYMENT,
         "VERACITY_WORKER_NOTIFICATIONS": str(notifications).lower(),
         # with notifications, claims come from NOTIFY too; without, from polling
         "VERACITY_POLL_INTERVAL": "30" if notifications else "0.2",

@@ -40,7 +40,6 @@ from veracity.worker.trigger import trigger
 API_KEY = "reconciler-test-key"
 EMAIL = "owner@example.com"
 PASSWORD = "fake pass 1"
-ENV = {"N8N_API_KEY": API_KEY, "N8N_EMAIL": EMAIL, "N8N_PASSWORD": PASSWORD}
 V1, V2 = "1.123", "2.0"
 
 FAST = "shop:n8n/fast.run"
@@ -52,6 +51,9 @@ CANCELLABLE = "shop:n8n/slow.run-cancellable"
 """Like SLOW, and it may be cancelled."""
 WEBHOOK = "fulfil"
 DEPLOYMENT = "dep-reconciler"
+# the environment of the tests' processes: a worker claims only its deployment's executions
+ENV = {"N8N_API_KEY": API_KEY, "N8N_EMAIL": EMAIL, "N8N_PASSWORD": PASSWORD,
+       "VERACITY_DEPLOYMENT_ID": DEPLOYMENT}
 OWNER = "test-worker"
 MAX_PAYLOAD = 4096
 TERMINAL_KINDS = frozenset(str(s) for s in TERMINAL)

@@ -76,7 +76,9 @@ async def test_claim_writes_running_event(store: Store, clock: ManualClock) -> N
     running = events[1]
     assert running.seq == 2
     assert running.at == at
-    assert running.data == {"owner": "worker-a", "epoch": c.epoch, "attempt": 1}
+    # the deployment that runs it (docs/deployments.md)
+    assert running.data == {"owner": "worker-a", "epoch": c.epoch, "attempt": 1,
+                            "deployment_id": ex.deployment_id}
 
 
 async def test_claim_takes_only_due_executions(store: Store, clock: ManualClock) -> None:

@@ -24,6 +24,9 @@ from typing import Any, TypeVar, overload
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.workflows:app"
+DEPLOYMENT = "d-test"
+"""The deployment of every test process unless a test says otherwise: a worker claims only
+its own deployment's executions (docs/deployments.md), and the test apps differ."""
 
 # Short leases so that expiry-driven tests sleep for seconds, not minutes.
 FAST_ENV: dict[str, str] = {
@@ -54,6 +57,7 @@ def worker_env(database_url: str, extra: Mapping[str, str] | None = None) -> dic
     env.update({
         "VERACITY_DATABASE_URL": database_url,
         "VERACITY_APP": APP,
+        "VERACITY_DEPLOYMENT_ID": DEPLOYMENT,
         "VERACITY_LOG_LEVEL": "info",
         "PYTHONPATH": str(REPO_ROOT),
         "PYTHONUNBUFFERED": "1",

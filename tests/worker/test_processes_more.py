@@ -24,12 +24,11 @@ from psycopg.conninfo import conninfo_to_dict
 
 from tests._pg import create_database_from_template, drop_database, with_database
 from tests.durable._support import get, history
-from tests.durable._support import submit as submit_execution
-from tests.worker._procs import Processes, WorkerProcess, wait_until
+from tests.worker._procs import DEPLOYMENT, Processes, WorkerProcess, wait_until
 from tests.workflows import count_marks
 from veracity.core.states import Status
 from veracity.maintenance.recovery import RecoveryService
-from veracity.models import Execution, HistoryEvent
+from veracity.models import Execution, HistoryEvent, NewExecution
 from veracity.store import Store, open_store
 from veracity.worker.context import STEP_COMPLETED
 
@@ -48,7 +47,9 @@ async def store(database_url: str) -> AsyncIterator[Store]:
 
 
 async def submit(store: Store, ffqn: str, params: list[Any]) -> uuid.UUID:
-    return (await submit_execution(store, ffqn, *params)).id
+    """An execution of the worker processes' deployment (tests.worker._procs)."""
+    new = NewExecution(ffqn=ffqn, params=params, deployment_id=DEPLOYMENT, id=uuid.uuid4())
+    return (await store.execution_submit(new)).execution.id
 
 
 async def registered(w: WorkerProcess, timeout: float = 15) -> str:

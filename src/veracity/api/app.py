@@ -17,9 +17,13 @@ from veracity.api.errors import error_response, install_error_handlers
 from veracity.api.limits import BodySizeLimit, JsonBodies
 from veracity.api.schemas import (
     LIST_VALUE_BYTES,
+    AdoptOut,
+    AdoptRequest,
     CompleteRequest,
     CronOut,
     CronPage,
+    DeploymentOut,
+    DeploymentPage,
     ErrorOut,
     ExecutionOut,
     ExecutionPage,
@@ -309,6 +313,29 @@ def create_api(
         last slot, the execution that slot started and that execution's status, and the
         next slot (docs/cron.md)."""
         return CronPage(items=[CronOut.of(v) for v in await service.crons()])
+
+    @app.get("/v1/deployments", response_model=DeploymentPage, responses=ERRORS)
+    async def list_deployments(service: Service) -> DeploymentPage:
+        """Every deployment, newest first: when a server or worker of it was first and
+        last seen, its unfinished executions by status, its live workers, and how many of
+        its executions are stranded (no live worker will run them). See
+        docs/deployments.md."""
+        return DeploymentPage(items=[DeploymentOut.of(d) for d in await service.deployments()])
+
+    @app.post("/v1/deployments/{deployment_id}/adopt", response_model=AdoptOut,
+              responses=ERRORS)
+    async def adopt(deployment_id: str, service: Service,
+                    body: AdoptRequest | None = None) -> AdoptOut:
+        """Move the stranded executions of an older deployment (those whose workflow name
+        starts with ffqn_prefix, if given) onto this server's deployment, each with an
+        ``adopted`` event {from, to, by} in its history; answers how many and which.
+        404 for an unknown deployment; 409 deployment_live while it has a live worker,
+        unknown_target if this server's deployment was never recorded; 422 for the current
+        deployment itself or a prefix no workflow name can start with."""
+        request = body or AdoptRequest()
+        outcome = await service.adopt(deployment_id, ffqn_prefix=request.ffqn_prefix,
+                                      actor=request.by)
+        return AdoptOut.of(outcome)
 
     @app.get(
         "/v1/executions/{execution_id}/history", response_model=HistoryPage, responses=ERRORS

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
-from veracity.control import CronView, WorkerView
+from veracity.control import AdoptOutcome, CronView, DeploymentView, WorkerView
 from veracity.core.states import Status
 from veracity.models import Execution, HistoryEvent
 
@@ -205,6 +205,9 @@ class WorkerOut(BaseModel):
     pid: int
     deployment_id: str
     workflows: list[str]
+    upgrade_auto: list[str] = Field(
+        description="The workflows it claims from every deployment (registered with "
+        "upgrade=\"auto\"); the others only from its own deployment")
     concurrency: int
     started_at: datetime
     last_heartbeat: datetime
@@ -215,7 +218,8 @@ class WorkerOut(BaseModel):
     def of(cls, view: WorkerView) -> WorkerOut:
         r = view.record
         return cls(id=r.id, host=r.host, pid=r.pid, deployment_id=r.deployment_id,
-                   workflows=r.ffqns, concurrency=r.concurrency, started_at=r.started_at,
+                   workflows=r.ffqns, upgrade_auto=r.upgrade_ffqns,
+                   concurrency=r.concurrency, started_at=r.started_at,
                    last_heartbeat=r.last_heartbeat, stopped_at=r.stopped_at, live=view.live)
 
 
@@ -260,6 +264,62 @@ class CronOut(BaseModel):
 
 class CronPage(BaseModel):
     items: list[CronOut]
+
+class UnfinishedCounts(BaseModel):
+    pending: int
+    running: int
+    blocked: int
+    paused: int
+
+
+class DeploymentOut(BaseModel):
+    id: str
+    current: bool = Field(description="The deployment of the server answering")
+    first_seen: datetime | None = Field(
+        description="When a server or worker of it first started (null: none recorded it; "
+        "only executions carry it)")
+    last_seen: datetime | None = Field(
+        description="When a server or worker of it was last seen running")
+    unfinished: UnfinishedCounts = Field(description="Its unfinished executions by status")
+    live_workers: int
+    stranded: int = Field(
+        description="Its unfinished executions no live worker will run: adopt them onto "
+        "the current deployment (docs/deployments.md)")
+
+    @classmethod
+    def of(cls, view: DeploymentView) -> DeploymentOut:
+        d = view.summary
+        return cls(id=d.id, current=view.current, first_seen=d.first_seen,
+                   last_seen=d.last_seen, unfinished=UnfinishedCounts(**d.unfinished),
+                   live_workers=d.live_workers, stranded=d.stranded)
+
+
+class DeploymentPage(BaseModel):
+    items: list[DeploymentOut]
+    next_cursor: str | None = None
+
+
+class AdoptRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ffqn_prefix: str | None = Field(
+        default=None, min_length=1, max_length=512,
+        description="Only executions whose workflow name starts with this")
+    by: str = Field(default="operator", min_length=1, max_length=200,
+                    description="Who adopts (recorded in each execution's history)")
+
+
+class AdoptOut(BaseModel):
+    from_: str = Field(alias="from", description="The deployment they belonged to")
+    to: str = Field(description="The current deployment, which they belong to now")
+    count: int
+    ids: list[str] = Field(description="The executions moved, in id order")
+
+    @classmethod
+    def of(cls, outcome: AdoptOutcome) -> AdoptOut:
+        return cls.model_validate({"from": outcome.from_id, "to": outcome.to_id,
+                                   "count": len(outcome.execution_ids),
+                                   "ids": [str(i) for i in outcome.execution_ids]})
 
 
 class ErrorBody(BaseModel):

@@ -20,10 +20,17 @@ import click
 import psycopg
 import psycopg_pool
 
-from veracity.api.schemas import CronOut, ExecutionOut, HistoryItem, WorkerOut
+from veracity.api.schemas import (
+    AdoptOut,
+    CronOut,
+    DeploymentOut,
+    ExecutionOut,
+    HistoryItem,
+    WorkerOut,
+)
 from veracity.cli.output import fmt_time, print_fields, print_json, print_table, short
 from veracity.config import Settings, load_settings
-from veracity.control import MAX_HISTORY_LIMIT, Resolved
+from veracity.control import MAX_HISTORY_LIMIT, AdoptOutcome, DeploymentView, Resolved
 from veracity.core.states import Status
 from veracity.errors import ConfigError, InvalidInput, VeracityError
 from veracity.models import Execution, ExecutionFilter, HistoryEvent, Message
@@ -214,6 +221,61 @@ def workers(config_path: str | None, database_url: str | None, app: str | None, 
           fmt_time(v.record.last_heartbeat), fmt_time(v.record.stopped_at),
           short(", ".join(v.record.ffqns), 60)] for v in views],
     )
+
+
+@cli.group(invoke_without_command=True)
+@common_options
+@json_option
+@click.pass_context
+def deployments(ctx: click.Context, config_path: str | None, database_url: str | None,
+                app: str | None, as_json: bool) -> None:
+    """List deployments, newest first: first and last seen, live workers, unfinished
+    executions by status, and stranded ones (docs/deployments.md)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    views: list[DeploymentView] = run(with_runtime(settings, lambda rt: rt.service.deployments()))
+    if as_json:
+        print_json({"items": [DeploymentOut.of(v).model_dump(mode="json") for v in views],
+                    "next_cursor": None})
+        return
+    print_table(
+        ["id", "current", "first seen", "last seen", "live workers", "pending", "running",
+         "blocked", "paused", "stranded"],
+        [[v.summary.id, "*" if v.current else "", fmt_time(v.summary.first_seen),
+          fmt_time(v.summary.last_seen), str(v.summary.live_workers),
+          *(str(v.summary.unfinished[s]) for s in ("pending", "running", "blocked", "paused")),
+          str(v.summary.stranded)] for v in views],
+    )
+
+
+@deployments.command()
+@common_options
+@json_option
+@click.argument("old")
+@click.option("--ffqn-prefix", default=None, metavar="P",
+              help="Only executions whose workflow name starts with P.")
+@click.option("--by", default=None, help="Who adopts them (default: $USER).")
+def adopt(config_path: str | None, database_url: str | None, app: str | None,
+          as_json: bool, old: str, ffqn_prefix: str | None, by: str | None) -> None:
+    """Move the stranded executions of deployment OLD onto the current deployment (this
+    process's: deployment_id, or the digest of its app's code). Check first that their
+    histories replay on the new code (docs/deployments.md)."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    actor = by or os.environ.get("USER") or "cli"
+
+    async def go(rt: Runtime) -> AdoptOutcome:
+        return await rt.service.adopt(old, ffqn_prefix=ffqn_prefix, actor=actor)
+
+    outcome = run(with_runtime(settings, go))
+    if as_json:
+        print_json(AdoptOut.of(outcome).model_dump(mode="json", by_alias=True))
+        return
+    n = len(outcome.execution_ids)
+    click.echo(f"adopted {n} execution{'' if n == 1 else 's'} of {outcome.from_id} onto "
+               f"{outcome.to_id}")
+    for ident in outcome.execution_ids:
+        click.echo(str(ident))
 
 
 @cli.command()

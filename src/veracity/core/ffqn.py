@@ -13,6 +13,13 @@ _FFQN = re.compile(
 )
 
 
+# every prefix of a well-formed name: "shop", "shop:", "shop:orders/", "shop:orders/pro", ...
+_PREFIX = re.compile(
+    r"^[a-z][a-z0-9_-]*(?::(?:[a-z][a-z0-9_.-]*(?:/(?:[a-z][a-z0-9_-]*"
+    r"(?:\.(?:[a-z][a-z0-9_-]*)?)?)?)?)?)?$"
+)
+
+
 class InvalidFfqn(ValueError):
     """A workflow name that is not ``namespace:package/interface.function``."""
 
@@ -27,6 +34,21 @@ def validate_ffqn(ffqn: str) -> str:
             "(lower-case letters, digits, '-' and '_')"
         )
     return ffqn
+
+
+def validate_ffqn_prefix(prefix: str) -> str:
+    """Return ``prefix`` unchanged if some well-formed workflow name starts with it, else
+    raise :class:`InvalidFfqn`."""
+    if not prefix:
+        raise InvalidFfqn("a workflow name prefix cannot be empty")
+    if len(prefix) > MAX_FFQN_LENGTH:
+        raise InvalidFfqn(f"workflow name prefix is longer than {MAX_FFQN_LENGTH} characters")
+    if not _PREFIX.match(prefix):
+        raise InvalidFfqn(
+            f"{prefix!r} cannot begin a workflow name (namespace:package/interface.function: "
+            "lower-case letters, digits, '-' and '_')"
+        )
+    return prefix
 
 
 def is_cancellable(ffqn: str) -> bool:

@@ -22,6 +22,19 @@ def claim_sources() -> list[str]:
     return [str(s) for s in sources_of(Status.RUNNING, among=(Status.PENDING,))]
 
 
+def claim_split(ffqns: Sequence[str], deployment_id: str | None,
+                upgrade_ffqns: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The workflows a claim takes from ``deployment_id`` only, and those it takes from
+    every deployment (``upgrade_ffqns``; every workflow when ``deployment_id`` is None)."""
+    if deployment_id is None:
+        return [], sorted(set(ffqns))
+    unknown = set(upgrade_ffqns) - set(ffqns)
+    if unknown:
+        raise ValueError(f"upgrade_ffqns must be among ffqns: {sorted(unknown)}")
+    upgrading = set(upgrade_ffqns)
+    return sorted(set(ffqns) - upgrading), sorted(upgrading)
+
+
 REPEATED_IN_BATCH = "a second write for this execution in one batch (only the first applies)"
 
 

@@ -18,21 +18,25 @@ import hmac
 import uuid
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from veracity.core.deployments import Coverage, LiveWorker
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
 from veracity.core.recovery import Expired, decide_recovery
 from veracity.core.requests import CallbackOutcome, CallbackReport, InterruptKind, ResolveAction
 from veracity.core.states import TERMINAL, Status, sources_of
 from veracity.models import (
     JSON,
+    Adopted,
     CallbackResult,
     Claim,
     ControlResult,
     CronDefinition,
     CronFire,
     CronRecord,
+    DeploymentRecord,
+    DeploymentSummary,
     Execution,
     Interrupt,
     Message,
@@ -895,3 +899,90 @@ def cron_fire(fires: Sequence[CronFire], now: datetime | None) -> Op:
                   "join_set": None, "idempotency_key": None, "cron": f.event}}
         for f in mine]), "now": now})
     return mine
+
+# -- deployments (docs/deployments.md) -------------------------------------------------------
+
+UNFINISHED = [str(s) for s in Status if not s.is_terminal]
+
+
+def deployment_from(row: Row) -> DeploymentRecord:
+    return DeploymentRecord(id=row["deployment_id"], first_seen=row["first_seen"],
+                            last_seen=row["last_seen"])
+
+
+def _coverage(live_within: timedelta, deployment_id: str | None, now: datetime | None) -> Op:
+    rows = yield Query("worker_live", {
+        "live_within": live_within, "deployment_id": deployment_id, "now": now})
+    return Coverage(LiveWorker(r["deployment_id"], frozenset(r["ffqns"]),
+                               frozenset(r["upgrade_ffqns"])) for r in rows)
+
+
+def deployments(live_within: timedelta, now: datetime | None) -> Op:
+    """Every deployment the registry knows, newest first, then those only unfinished
+    executions carry (by id): with their unfinished executions by status, their live
+    workers, and how many of their executions are stranded (core.deployments)."""
+    coverage = yield from _coverage(live_within, None, now)
+    records = [deployment_from(r) for r in (yield Query("deployment_rows", {}))]
+    groups = yield Query("deployment_unfinished", {})
+    unfinished: dict[str, dict[str, int]] = {}
+    stranded: dict[str, int] = {}
+    for g in groups:
+        dep, status, n = g["deployment_id"], Status(g["status"]), int(g["n"])
+        counts = unfinished.setdefault(dep, dict.fromkeys(UNFINISHED, 0))
+        counts[str(status)] += n
+        if coverage.stranded(status=status, ffqn=g["ffqn"], deployment_id=dep,
+                             delegated=bool(g["delegated"])):
+            stranded[dep] = stranded.get(dep, 0) + n
+    known = {r.id for r in records}
+    rows: list[tuple[str, datetime | None, datetime | None]] = [
+        (r.id, r.first_seen, r.last_seen) for r in records]
+    rows += [(dep, None, None) for dep in sorted(unfinished) if dep not in known]
+    return [DeploymentSummary(
+        id=dep, first_seen=first, last_seen=last,
+        unfinished=unfinished.get(dep, dict.fromkeys(UNFINISHED, 0)),
+        live_workers=coverage.live_workers(dep), stranded=stranded.get(dep, 0))
+        for dep, first, last in rows]
+
+
+def adopt(from_id: str, to_id: str, ffqn_prefix: str | None, actor: str,
+          live_within: timedelta, now: datetime | None) -> Op:
+    """Move the unfinished executions of ``from_id`` (those whose workflow name starts
+    with ``ffqn_prefix``, if given) onto ``to_id``, each with an ``adopted`` event (from,
+    to, by). Refused, changing nothing, when ``from_id`` is unknown (neither recorded nor
+    carried by an unfinished execution), when ``to_id`` was never recorded by a server or
+    worker (nothing would run them there), or while ``from_id`` has a live worker (its
+    executions are not stranded: it may be running them)."""
+    if from_id == to_id:
+        raise ValueError("a deployment cannot adopt its own executions")
+    target = _one((yield Query("deployment_get", {"id": to_id})))
+    source = _one((yield Query("deployment_get", {"id": from_id})))
+    if source is None:
+        carried = yield Query("deployment_has_unfinished", {"id": from_id})
+        if not carried:
+            return Adopted([], code="not_found", refused=(
+                f"deployment {from_id} is unknown: no server or worker recorded it and no "
+                "unfinished execution belongs to it"))
+    if target is None:
+        return Adopted([], code="unknown_target", refused=(
+            f"the current deployment {to_id} was never recorded by a server or worker, so "
+            "nothing would run what it adopts: start the new deployment first, or run this "
+            "with its configuration (app, deployment_id)"))
+    coverage = yield from _coverage(live_within, from_id, now)
+    live = coverage.live_workers(from_id)
+    if live:
+        return Adopted([], code="deployment_live", refused=(
+            f"deployment {from_id} has {live} live worker{'s' if live != 1 else ''}: its "
+            "executions are not stranded (they may be running); stop its workers first"))
+    locked = yield Query("execution_adoptable", {"from_id": from_id,
+                                                 "ffqn_prefix": ffqn_prefix})
+    if not locked:
+        return Adopted([])
+    moved = yield Query("execution_adopt_many", {
+        "ids": [r["id"] for r in locked], "from_id": from_id, "to_id": to_id})
+    seqs = {r["id"]: int(r["history_seq"]) for r in moved}
+    ids = [r["id"] for r in locked if r["id"] in seqs]
+    yield Query("history_append_many", {"now": now, "rows": JsonParam([
+        {"execution_id": str(eid), "seq": seqs[eid], "kind": "adopted",
+         "data": {"from": from_id, "to": to_id, "by": actor}} for eid in ids])})
+    yield Query("notify_pending", {})
+    return Adopted(ids)

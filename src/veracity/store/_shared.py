@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -14,12 +14,14 @@ from veracity.core.retry import WORKFLOW_RETRY
 from veracity.core.states import Status
 from veracity.models import (
     JSON,
+    Adopted,
     CallbackResult,
     Claim,
     ControlResult,
     CronDefinition,
     CronFire,
     CronRecord,
+    DeploymentSummary,
     Execution,
     Interrupt,
     NewExecution,
@@ -315,3 +317,26 @@ class SharedMethods:
                 raise ValueError("a slot starts a plain top-level pending execution")
         started: list[CronFire] = await self._op(lambda: _ops.cron_fire(fires, self._now()))
         return started
+
+    # -- deployments (docs/deployments.md) -------------------------------------------------
+
+    async def deployment_list(self, *, live_within: timedelta) -> list[DeploymentSummary]:
+        if live_within <= timedelta(0):
+            raise ValueError("live_within must be positive")
+        result: list[DeploymentSummary] = await self._op(
+            lambda: _ops.deployments(live_within, self._now()))
+        return result
+
+    async def deployment_adopt(
+        self, from_id: str, to_id: str, *, ffqn_prefix: str | None, actor: str,
+        live_within: timedelta,
+    ) -> Adopted:
+        if from_id == to_id:
+            raise ValueError("a deployment cannot adopt its own executions")
+        if live_within <= timedelta(0):
+            raise ValueError("live_within must be positive")
+        if ffqn_prefix is not None and not ffqn_prefix:
+            raise ValueError("an empty ffqn_prefix: give None for every workflow")
+        result: Adopted = await self._op(lambda: _ops.adopt(
+            from_id, to_id, ffqn_prefix, actor, live_within, self._now()))
+        return result

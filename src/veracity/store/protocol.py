@@ -25,12 +25,15 @@ from veracity.core.requests import CallbackReport, InterruptKind, ResolveAction
 from veracity.core.states import Status
 from veracity.models import (
     JSON,
+    Adopted,
     CallbackResult,
     Claim,
     ControlResult,
     CronDefinition,
     CronFire,
     CronRecord,
+    DeploymentRecord,
+    DeploymentSummary,
     Execution,
     ExecutionFilter,
     HistoryEvent,
@@ -90,6 +93,15 @@ class ReadStore(Protocol):
     async def cron_records(self, names: Sequence[str]) -> dict[str, CronRecord]:
         """The recorded cron entries among ``names`` (one not yet run by any server is
         absent), each with its newest slot and that slot's execution and status."""
+
+    async def deployment_get(self, deployment_id: str) -> DeploymentRecord | None:
+        """The registry's record of a deployment (docs/deployments.md)."""
+
+    async def deployment_list(self, *, live_within: timedelta) -> list[DeploymentSummary]:
+        """Every deployment the registry knows, newest first (``first_seen``), then those
+        that only unfinished executions carry (by id), each with its unfinished executions
+        by status, its live workers (not stopped, a heartbeat within ``live_within``) and
+        how many of its executions are stranded (:mod:`veracity.core.deployments`)."""
 
 
 class DelegatedWrites(Protocol):
@@ -153,11 +165,18 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
     """True if :meth:`pending_notifications` delivers wake-ups (PostgreSQL LISTEN)."""
 
     async def execution_claim(
-        self, owner: str, ffqns: Sequence[str], *, limit: int, lease_ttl: timedelta
+        self, owner: str, ffqns: Sequence[str], *, limit: int, lease_ttl: timedelta,
+        deployment_id: str | None = None, upgrade_ffqns: Sequence[str] = (),
     ) -> list[Execution]:
-        """Claim up to ``limit`` due pending executions of the given workflows: set
-        running, owner, a new lease_epoch and lease_expires_at from the store's clock.
-        Concurrent claimers never receive the same execution."""
+        """Claim up to ``limit`` due pending executions of the given workflows, earliest
+        first: set running, owner, a new lease_epoch and lease_expires_at from the store's
+        clock. Concurrent claimers never receive the same execution.
+
+        Only executions of ``deployment_id``, except for the workflows in
+        ``upgrade_ffqns`` (a subset of ``ffqns``: registered with ``upgrade="auto"``),
+        claimed from every deployment; every claimed execution belongs to
+        ``deployment_id`` from then on, and its ``running`` event names it.
+        ``deployment_id=None`` claims from every deployment (tools and tests)."""
 
     async def execution_complete_if_owned(self, claim: Claim, result: JSON) -> TransitionResult:
         """running -> completed, only while ``claim`` still holds an unexpired lease.
@@ -196,8 +215,8 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
         self, owner: str, leases: Sequence[Claim], ttl: timedelta
     ) -> list[Claim]:
         """The heartbeat: extend every still-valid lease of ``owner`` to now + ttl (one
-        statement) and touch the worker's row; return the leases renewed. A lease missing
-        from the answer is lost."""
+        statement) and touch the worker's row and its deployment's last seen; return the
+        leases renewed. A lease missing from the answer is lost."""
 
     async def execution_stop_if_owned(self, claim: Claim, kind: InterruptKind) -> TransitionResult:
         """Act on an interrupt at a step boundary: ``cancel`` (-> cancelled, or blocked while
@@ -209,7 +228,9 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
     async def execution_wake_due(self, *, limit: int = 1000) -> list[Execution]:
         """Blocked executions whose timer is due become pending."""
 
-    async def worker_register(self, info: WorkerInfo) -> WorkerRecord: ...
+    async def worker_register(self, info: WorkerInfo) -> WorkerRecord:
+        """Register (or re-register) the worker, and record its deployment as seen: first
+        seen now if new, else last seen now. Each :meth:`lease_renew` sees it again."""
 
     async def worker_stop(self, worker_id: str) -> None: ...
 
@@ -300,9 +321,24 @@ class ControlStore(RetryWrites, DelegatedWrites, ReadStore, Protocol):
         end it now and keep it flagged as forced. Ends apply only while the external id is
         ``expected_external_id``."""
 
+    async def deployment_adopt(
+        self, from_id: str, to_id: str, *, ffqn_prefix: str | None, actor: str,
+        live_within: timedelta,
+    ) -> Adopted:
+        """Move the unfinished executions of ``from_id`` (whose workflow name starts with
+        ``ffqn_prefix``, if given) onto ``to_id`` in one transaction, each with an
+        ``adopted`` history event ``{from, to, by}``. Refused, with nothing written, when
+        ``from_id`` is unknown (``not_found``: neither recorded nor carried by an unfinished
+        execution), ``to_id`` was never recorded (``unknown_target``), or ``from_id`` has a
+        live worker (``deployment_live``). ``from_id == to_id`` is a ValueError."""
+
 
 class MaintenanceStore(DelegatedWrites, ReadStore, Protocol):
     """The periodic services: single-runner locks, lease recovery, the reconciler, cron."""
+
+    async def deployment_seen(self, deployment_id: str) -> DeploymentRecord:
+        """A server of ``deployment_id`` runs: record it (first seen now if new, else last
+        seen now)."""
 
     def single_runner(self, name: str) -> AbstractAsyncContextManager[RunnerLock]:
         """Try to take the lock ``name`` for one tick of a periodic service; yields a

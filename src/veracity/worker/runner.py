@@ -1,6 +1,8 @@
 """The worker: claims executions, runs them under a lease, and writes only while it owns them.
 
-- Claims due pending executions in batches (one statement), up to its free slots.
+- Claims due pending executions in batches (one statement), up to its free slots: those of
+  its own deployment, and those of every deployment for workflows registered with
+  ``upgrade="auto"`` (docs/deployments.md).
 - Wakes on LISTEN/NOTIFY where the store has it, and polls anyway, so a lost notification
   costs latency, never an execution. The database is the queue: nothing is queued in memory.
 - Renews all its leases in one statement every heartbeat interval. An execution missing
@@ -254,6 +256,8 @@ class Worker:
         if ffqns is None:
             ffqns = [*app.workflows, *(external.workflows if external else ())]
         self.ffqns = sorted(set(ffqns))
+        # claimed from every deployment (docs/deployments.md); the others only from ours
+        self.upgrade_ffqns = [f for f in app.upgrading if f in self.ffqns]
         self.ttl = timedelta(seconds=self.settings.lease_ttl)
         self.runs: dict[uuid.UUID, Run] = {}
         self._wake = asyncio.Event()
@@ -329,6 +333,7 @@ class Worker:
             deployment_id=self.deployment_id,
             ffqns=self.ffqns,
             concurrency=self.settings.concurrency,
+            upgrade_ffqns=self.upgrade_ffqns,
         )
         delay = 0.1
         while not self._stopping.is_set():
@@ -368,7 +373,8 @@ class Worker:
                     self._next_timer_check = time.monotonic() + self.settings.poll_interval
                     await self.store.execution_wake_due(limit=1000)
                 batch = await self.store.execution_claim(
-                    self.id, self.ffqns, limit=free, lease_ttl=self.ttl
+                    self.id, self.ffqns, limit=free, lease_ttl=self.ttl,
+                    deployment_id=self.deployment_id, upgrade_ffqns=self.upgrade_ffqns,
                 )
             except Exception as exc:
                 self._trouble.warning("db", "claim failed, retrying with backoff: %s", exc)

@@ -76,18 +76,44 @@ ORDER BY seq
 LIMIT %(limit)s
 
 -- name: execution_claim
--- The CTE pins the LIMIT: without it the planner may lock and update more rows.
-WITH due AS (
-    SELECT id FROM veracity_executions
-    WHERE status = 'pending'
+-- Two scans, each in (scheduled_at, id) order and stopping at the LIMIT: the worker's own
+-- deployment's due rows of its pinned workflows (veracity_executions_unfinished leads with
+-- deployment_id: no other deployment's row is read), and, per workflow it claims from every
+-- deployment (upgrade="auto"), that workflow's due rows (veracity_executions_due_ffqn). The
+-- earliest LIMIT of both are claimed and belong to the worker's deployment from then on.
+-- A row the second scan locked that the LIMIT leaves out is unlocked at the statement's
+-- end, unclaimed. The CTEs pin the LIMITs: without them the planner may lock and update
+-- more rows. deployment_id NULL: every workflow is in %(upgrading)s (tools and tests).
+WITH pinned AS (
+    SELECT id, scheduled_at FROM veracity_executions
+    WHERE deployment_id = %(deployment_id)s::text
+      AND status = 'pending'
       AND scheduled_at <= coalesce(%(now)s::timestamptz, now())
-      AND ffqn = ANY (%(ffqns)s::text[])
+      AND ffqn = ANY (%(pinned)s::text[])
+      AND cardinality(%(pinned)s::text[]) > 0
     ORDER BY scheduled_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), upgrading AS (
+    SELECT u.id, u.scheduled_at
+    FROM unnest(%(upgrading)s::text[]) AS w(ffqn)
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.scheduled_at FROM veracity_executions AS x
+        WHERE x.ffqn = w.ffqn
+          AND x.status = 'pending'
+          AND x.scheduled_at <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY x.scheduled_at, x.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS u
+), due AS (
+    SELECT id FROM (SELECT * FROM pinned UNION ALL SELECT * FROM upgrading) AS found
+    ORDER BY scheduled_at, id
+    LIMIT %(limit)s
 ), claimed AS (
     UPDATE veracity_executions AS e SET
         status = 'running',
+        deployment_id = coalesce(%(deployment_id)s::text, e.deployment_id),
         lease_owner = %(owner)s,
         lease_epoch = e.lease_epoch + 1,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(ttl)s::interval,
@@ -99,7 +125,8 @@ WITH due AS (
 ), ev AS (
     INSERT INTO veracity_history (execution_id, seq, kind, at, data)
     SELECT id, history_seq, status, updated_at, json_build_object(
-        'owner', lease_owner, 'epoch', lease_epoch, 'attempt', attempt)
+        'owner', lease_owner, 'epoch', lease_epoch, 'attempt', attempt,
+        'deployment_id', deployment_id)
     FROM claimed
 )
 SELECT * FROM claimed ORDER BY scheduled_at, id
@@ -154,7 +181,13 @@ SELECT * FROM bump
 WITH hb AS (
     UPDATE veracity_workers SET last_heartbeat = coalesce(%(now)s::timestamptz, now())
     WHERE id = %(owner)s
-    RETURNING id
+    RETURNING id, deployment_id
+), seen AS (
+    -- the worker's deployment is seen as long as the worker runs
+    UPDATE veracity_deployments AS d
+    SET last_seen = greatest(d.last_seen, coalesce(%(now)s::timestamptz, now()))
+    FROM hb
+    WHERE d.id = hb.deployment_id
 ), held AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS t(id, epoch)
 ), renewed AS (
@@ -205,14 +238,24 @@ WHERE e.id = r.id
 RETURNING e.*
 
 -- name: worker_register
+-- the worker, and its deployment in the registry (first seen now, or seen again)
+WITH seen AS (
+    INSERT INTO veracity_deployments AS d (id, first_seen, last_seen)
+    VALUES (%(deployment_id)s, coalesce(%(now)s::timestamptz, now()),
+            coalesce(%(now)s::timestamptz, now()))
+    ON CONFLICT (id) DO UPDATE SET last_seen = greatest(d.last_seen, EXCLUDED.last_seen)
+)
 INSERT INTO veracity_workers (
-    id, host, pid, deployment_id, ffqns, concurrency, started_at, last_heartbeat)
+    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, started_at,
+    last_heartbeat)
 VALUES (
-    %(id)s, %(host)s, %(pid)s, %(deployment_id)s, %(ffqns)s, %(concurrency)s,
-    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+    %(id)s, %(host)s, %(pid)s, %(deployment_id)s, %(ffqns)s, %(upgrade_ffqns)s,
+    %(concurrency)s, coalesce(%(now)s::timestamptz, now()),
+    coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (id) DO UPDATE SET
     host = EXCLUDED.host, pid = EXCLUDED.pid, deployment_id = EXCLUDED.deployment_id,
-    ffqns = EXCLUDED.ffqns, concurrency = EXCLUDED.concurrency,
+    ffqns = EXCLUDED.ffqns, upgrade_ffqns = EXCLUDED.upgrade_ffqns,
+    concurrency = EXCLUDED.concurrency,
     last_heartbeat = EXCLUDED.last_heartbeat, stopped_at = NULL
 RETURNING *
 
@@ -370,21 +413,24 @@ WHERE lease_owner = %(owner)s
   AND (cancel_requested_at IS NOT NULL OR pause_requested_at IS NOT NULL)
 
 -- name: execution_wake_due
+-- oldest timer first, in the answer too (an UPDATE's RETURNING has no order of its own)
 WITH due AS (
-    SELECT id FROM veracity_executions
+    SELECT id, wake_at FROM veracity_executions
     WHERE status = 'blocked' AND cancel_requested_at IS NULL
       AND wake_at <= coalesce(%(now)s::timestamptz, now())
     ORDER BY wake_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), woken AS (
+    UPDATE veracity_executions AS e SET
+        status = 'pending', wake_at = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now()),
+        history_seq = e.history_seq + 1
+    FROM due
+    WHERE e.id = due.id AND e.status = ANY (%(from_states)s::text[])
+    RETURNING e.*, due.wake_at AS due_at
 )
-UPDATE veracity_executions AS e SET
-    status = 'pending', wake_at = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now()),
-    history_seq = e.history_seq + 1
-FROM due
-WHERE e.id = due.id AND e.status = ANY (%(from_states)s::text[])
-RETURNING e.*
+SELECT * FROM woken ORDER BY due_at, id
 
 -- name: execution_cancel_mark
 -- the execution and, recursively, its unfinished children whose names end in -cancellable
@@ -666,3 +712,62 @@ SELECT r.id, r.ffqn, r.params, 'pending', 1, r.deployment_id, r.scheduled_at,
        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1
 FROM json_to_recordset(%(rows)s::json)
     AS r (id uuid, ffqn text, params json, deployment_id text, scheduled_at timestamptz)
+
+
+-- ---------------------------------------------------------------------------------------
+-- Deployments (docs/deployments.md)
+
+-- name: deployment_seen
+INSERT INTO veracity_deployments AS d (id, first_seen, last_seen)
+VALUES (%(id)s, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (id) DO UPDATE SET last_seen = greatest(d.last_seen, EXCLUDED.last_seen)
+RETURNING id AS deployment_id, first_seen, last_seen
+
+-- name: deployment_rows
+SELECT id AS deployment_id, first_seen, last_seen FROM veracity_deployments
+ORDER BY first_seen DESC, id
+
+-- name: deployment_get
+SELECT id AS deployment_id, first_seen, last_seen FROM veracity_deployments WHERE id = %(id)s
+
+-- name: deployment_unfinished
+-- unfinished executions by deployment, status and workflow (veracity_executions_unfinished)
+SELECT deployment_id, status, ffqn, (status = 'running' AND engine IS NOT NULL) AS delegated,
+       count(*) AS n
+FROM veracity_executions
+WHERE status IN ('pending', 'running', 'blocked', 'paused')
+GROUP BY 1, 2, 3, 4
+
+-- name: deployment_has_unfinished
+SELECT 1 AS found FROM veracity_executions
+WHERE deployment_id = %(id)s AND status IN ('pending', 'running', 'blocked', 'paused')
+LIMIT 1
+
+-- name: worker_live
+-- workers with a fresh heartbeat that did not stop (as control.py's live_within)
+SELECT deployment_id, ffqns, upgrade_ffqns FROM veracity_workers
+WHERE stopped_at IS NULL
+  AND last_heartbeat >= coalesce(%(now)s::timestamptz, now()) - %(live_within)s::interval
+  AND (%(deployment_id)s::text IS NULL OR deployment_id = %(deployment_id)s::text)
+
+-- name: execution_adoptable
+-- the unfinished executions an adopt moves, locked in id order (as execution_lock_many)
+SELECT id, history_seq FROM veracity_executions
+WHERE deployment_id = %(from_id)s
+  AND status IN ('pending', 'running', 'blocked', 'paused')
+  AND (%(ffqn_prefix)s::text IS NULL OR starts_with(ffqn, %(ffqn_prefix)s::text))
+ORDER BY id
+FOR UPDATE
+
+-- name: execution_adopt_many
+UPDATE veracity_executions SET
+    deployment_id = %(to_id)s,
+    history_seq = history_seq + 1
+WHERE id = ANY (%(ids)s::uuid[])
+  AND deployment_id = %(from_id)s
+  AND status IN ('pending', 'running', 'blocked', 'paused')
+RETURNING id, history_seq
+
+-- name: notify_pending
+-- adopted pending executions are due for the new deployment's workers: wake them
+SELECT pg_notify('veracity_pending', '')

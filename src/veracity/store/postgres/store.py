@@ -25,6 +25,7 @@ from veracity.core.states import Status
 from veracity.models import (
     JSON,
     Claim,
+    DeploymentRecord,
     Execution,
     ExecutionFilter,
     HistoryEvent,
@@ -44,6 +45,7 @@ from veracity.store._common import (
     check_journal_kind,
     check_new,
     claim_sources,
+    claim_split,
     late_report_event,
     leave_batch,
     lock_key,
@@ -85,6 +87,7 @@ def row_to_worker(row: Row) -> WorkerRecord:
         started_at=cast(datetime, _utc(row["started_at"])),
         last_heartbeat=cast(datetime, _utc(row["last_heartbeat"])),
         stopped_at=_utc(row["stopped_at"]),
+        upgrade_ffqns=row["upgrade_ffqns"],
     )
 
 
@@ -340,15 +343,19 @@ class PostgresStore(SharedMethods):
     # -- leases ---------------------------------------------------------------------
 
     async def execution_claim(
-        self, owner: str, ffqns: Sequence[str], *, limit: int, lease_ttl: timedelta
+        self, owner: str, ffqns: Sequence[str], *, limit: int, lease_ttl: timedelta,
+        deployment_id: str | None = None, upgrade_ffqns: Sequence[str] = (),
     ) -> list[Execution]:
         if limit <= 0 or not ffqns:
             return []
+        pinned, upgrading = claim_split(ffqns, deployment_id, upgrade_ffqns)
         rows = await self._fetchall(
             "execution_claim",
             {
                 "owner": owner,
-                "ffqns": list(ffqns),
+                "deployment_id": deployment_id,
+                "pinned": pinned,
+                "upgrading": upgrading,
                 "limit": limit,
                 "ttl": lease_ttl,
                 "now": self._now(),
@@ -468,6 +475,7 @@ class PostgresStore(SharedMethods):
                 "pid": info.pid,
                 "deployment_id": info.deployment_id,
                 "ffqns": Json(info.ffqns),
+                "upgrade_ffqns": Json(info.upgrade_ffqns),
                 "concurrency": info.concurrency,
                 "now": self._now(),
             },
@@ -481,6 +489,16 @@ class PostgresStore(SharedMethods):
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
         rows = await self._fetchall("worker_list", {"limit": limit, "now": self._now()})
         return [row_to_worker(r) for r in rows]
+
+    async def deployment_seen(self, deployment_id: str) -> DeploymentRecord:
+        row = await self._fetchone("deployment_seen", {"id": deployment_id,
+                                                       "now": self._now()})
+        assert row is not None
+        return _ops.deployment_from(row)
+
+    async def deployment_get(self, deployment_id: str) -> DeploymentRecord | None:
+        row = await self._fetchone("deployment_get", {"id": deployment_id})
+        return _ops.deployment_from(row) if row else None
 
     async def db_now(self) -> datetime:
         row = await self._fetchone("db_now", {"now": self._now()})

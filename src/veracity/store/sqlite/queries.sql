@@ -61,20 +61,45 @@ ORDER BY seq
 LIMIT :limit
 
 -- name: execution_claim
+-- As PostgreSQL's: the worker's own deployment's due rows of its pinned workflows (the
+-- index veracity_executions_unfinished, usable because the query repeats its WHERE term;
+-- no other deployment's row is read), and the due rows of every deployment of the
+-- workflows it claims from every deployment (upgrade="auto", the index
+-- veracity_executions_due_ffqn); the earliest :limit of both are claimed and belong to the
+-- worker's deployment from then on. INDEXED BY keeps both scans on their index whatever
+-- the statistics say (and fails loudly if one were missing). The write lock held by
+-- BEGIN IMMEDIATE is the lock. :deployment_id NULL: every workflow is in :upgrading.
 UPDATE veracity_executions SET
     status = 'running',
+    deployment_id = coalesce(:deployment_id, deployment_id),
     lease_owner = :owner,
     lease_epoch = lease_epoch + 1,
     lease_expires_at = :now + :ttl_us,
     updated_at = :now,
     history_seq = history_seq + 1
 WHERE id IN (
-        SELECT id FROM veracity_executions
-        WHERE status = 'pending'
-          AND scheduled_at <= :now
-          AND ffqn IN (SELECT value FROM json_each(:ffqns))
-        ORDER BY scheduled_at, id
-        LIMIT :limit)
+        SELECT id FROM (
+            SELECT id, scheduled_at FROM (
+                SELECT id, scheduled_at FROM veracity_executions
+                    INDEXED BY veracity_executions_unfinished
+                WHERE deployment_id = :deployment_id
+                  AND status = 'pending'
+                  AND status IN ('pending', 'running', 'blocked', 'paused')
+                  AND scheduled_at <= :now
+                  AND ffqn IN (SELECT value FROM json_each(:pinned))
+                ORDER BY scheduled_at, id
+                LIMIT :limit)
+            UNION ALL
+            SELECT id, scheduled_at FROM (
+                SELECT id, scheduled_at FROM veracity_executions
+                    INDEXED BY veracity_executions_due_ffqn
+                WHERE status = 'pending'
+                  AND scheduled_at <= :now
+                  AND ffqn IN (SELECT value FROM json_each(:upgrading))
+                ORDER BY scheduled_at, id
+                LIMIT :limit)
+            ORDER BY scheduled_at, id
+            LIMIT :limit))
   AND status IN (SELECT value FROM json_each(:from_states))
 RETURNING *
 
@@ -103,6 +128,11 @@ RETURNING id, lease_epoch
 
 -- name: worker_heartbeat
 UPDATE veracity_workers SET last_heartbeat = :now WHERE id = :owner
+
+-- name: deployment_touch
+-- the heartbeat's worker's deployment is seen as long as the worker runs
+UPDATE veracity_deployments SET last_seen = max(last_seen, :now)
+WHERE id = (SELECT deployment_id FROM veracity_workers WHERE id = :owner)
 
 -- name: execution_expired_leases
 -- Lease recovery, first half: worker-run executions whose lease expired, with what the
@@ -144,11 +174,13 @@ RETURNING *
 
 -- name: worker_register
 INSERT INTO veracity_workers (
-    id, host, pid, deployment_id, ffqns, concurrency, started_at, last_heartbeat)
-VALUES (:id, :host, :pid, :deployment_id, :ffqns, :concurrency, :now, :now)
+    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, started_at,
+    last_heartbeat)
+VALUES (:id, :host, :pid, :deployment_id, :ffqns, :upgrade_ffqns, :concurrency, :now, :now)
 ON CONFLICT (id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, deployment_id = excluded.deployment_id,
-    ffqns = excluded.ffqns, concurrency = excluded.concurrency,
+    ffqns = excluded.ffqns, upgrade_ffqns = excluded.upgrade_ffqns,
+    concurrency = excluded.concurrency,
     last_heartbeat = excluded.last_heartbeat, stopped_at = NULL
 RETURNING *
 
@@ -557,3 +589,57 @@ SELECT json_extract(value, '$.id'), json_extract(value, '$.ffqn'),
        json_extract(value, '$.params'), 'pending', 1, json_extract(value, '$.deployment_id'),
        json_extract(value, '$.scheduled_at'), :now, :now, 1
 FROM json_each(:rows)
+
+
+-- ---------------------------------------------------------------------------------------
+-- Deployments (docs/deployments.md)
+
+-- name: deployment_seen
+INSERT INTO veracity_deployments (id, first_seen, last_seen) VALUES (:id, :now, :now)
+ON CONFLICT (id) DO UPDATE SET last_seen = max(last_seen, excluded.last_seen)
+RETURNING id AS deployment_id, first_seen, last_seen
+
+-- name: deployment_rows
+SELECT id AS deployment_id, first_seen, last_seen FROM veracity_deployments
+ORDER BY first_seen DESC, id
+
+-- name: deployment_get
+SELECT id AS deployment_id, first_seen, last_seen FROM veracity_deployments WHERE id = :id
+
+-- name: deployment_unfinished
+SELECT deployment_id, status, ffqn, (status = 'running' AND engine IS NOT NULL) AS delegated,
+       count(*) AS n
+FROM veracity_executions INDEXED BY veracity_executions_unfinished
+WHERE status IN ('pending', 'running', 'blocked', 'paused')
+GROUP BY 1, 2, 3, 4
+
+-- name: deployment_has_unfinished
+SELECT 1 AS found FROM veracity_executions INDEXED BY veracity_executions_unfinished
+WHERE deployment_id = :id AND status IN ('pending', 'running', 'blocked', 'paused')
+LIMIT 1
+
+-- name: worker_live
+SELECT deployment_id, ffqns, upgrade_ffqns FROM veracity_workers
+WHERE stopped_at IS NULL
+  AND last_heartbeat >= :now - :live_within
+  AND (:deployment_id IS NULL OR deployment_id = :deployment_id)
+
+-- name: execution_adoptable
+SELECT id, history_seq FROM veracity_executions INDEXED BY veracity_executions_unfinished
+WHERE deployment_id = :from_id
+  AND status IN ('pending', 'running', 'blocked', 'paused')
+  AND (:ffqn_prefix IS NULL OR substr(ffqn, 1, length(:ffqn_prefix)) = :ffqn_prefix)
+ORDER BY id
+
+-- name: execution_adopt_many
+UPDATE veracity_executions SET
+    deployment_id = :to_id,
+    history_seq = history_seq + 1
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND deployment_id = :from_id
+  AND status IN ('pending', 'running', 'blocked', 'paused')
+RETURNING id, history_seq
+
+-- name: notify_pending
+-- SQLite has no notifications: workers find adopted executions when they poll
+SELECT 1 AS ok

@@ -32,6 +32,7 @@ from veracity.errors import ConfigError
 from veracity.models import (
     JSON,
     Claim,
+    DeploymentRecord,
     Execution,
     ExecutionFilter,
     HistoryEvent,
@@ -51,6 +52,7 @@ from veracity.store._common import (
     check_journal_kind,
     check_new,
     claim_sources,
+    claim_split,
     late_report_event,
     leave_batch,
     owned_sources,
@@ -141,6 +143,7 @@ def row_to_worker(row: sqlite3.Row) -> WorkerRecord:
         started_at=from_us(row["started_at"]),
         last_heartbeat=from_us(row["last_heartbeat"]),
         stopped_at=from_us(row["stopped_at"]) if row["stopped_at"] is not None else None,
+        upgrade_ffqns=json.loads(row["upgrade_ffqns"]),
     )
 
 
@@ -381,17 +384,21 @@ class SqliteStore(SharedMethods):
     # -- leases ---------------------------------------------------------------------
 
     async def execution_claim(
-        self, owner: str, ffqns: Sequence[str], *, limit: int, lease_ttl: timedelta
+        self, owner: str, ffqns: Sequence[str], *, limit: int, lease_ttl: timedelta,
+        deployment_id: str | None = None, upgrade_ffqns: Sequence[str] = (),
     ) -> list[Execution]:
         if limit <= 0 or not ffqns:
             return []
+        pinned, upgrading = claim_split(ffqns, deployment_id, upgrade_ffqns)
 
         def work(conn: sqlite3.Connection, now: int) -> list[Execution]:
             rows = conn.execute(
                 Q["execution_claim"],
                 {
                     "owner": owner,
-                    "ffqns": _dumps(list(ffqns)),
+                    "deployment_id": deployment_id,
+                    "pinned": _dumps(pinned),
+                    "upgrading": _dumps(upgrading),
                     "limit": limit,
                     "ttl_us": lease_ttl // timedelta(microseconds=1),
                     "now": now,
@@ -403,7 +410,8 @@ class SqliteStore(SharedMethods):
             seqs = {r["id"]: r["history_seq"] for r in rows}
             for ex in claimed:
                 self._event(conn, str(ex.id), seqs[str(ex.id)], "running", now, {
-                    "owner": owner, "epoch": ex.lease_epoch, "attempt": ex.attempt})
+                    "owner": owner, "epoch": ex.lease_epoch, "attempt": ex.attempt,
+                    "deployment_id": ex.deployment_id})
             return claimed
 
         return await self._run(self._write, work)
@@ -503,6 +511,7 @@ class SqliteStore(SharedMethods):
 
         def work(conn: sqlite3.Connection, now: int) -> list[Claim]:
             conn.execute(Q["worker_heartbeat"], {"owner": owner, "now": now})
+            conn.execute(Q["deployment_touch"], {"owner": owner, "now": now})
             renewed: list[Claim] = []
             for lease in leases:
                 if lease.owner != owner or self._owned(conn, lease, now) is None:
@@ -520,10 +529,13 @@ class SqliteStore(SharedMethods):
 
     async def worker_register(self, info: WorkerInfo) -> WorkerRecord:
         def work(conn: sqlite3.Connection, now: int) -> WorkerRecord:
+            # the worker, and its deployment in the registry (first seen now, or again)
+            conn.execute(Q["deployment_seen"], {"id": info.deployment_id, "now": now})
             row = conn.execute(
                 Q["worker_register"],
                 {"id": info.id, "host": info.host, "pid": info.pid,
                  "deployment_id": info.deployment_id, "ffqns": _dumps(info.ffqns),
+                 "upgrade_ffqns": _dumps(info.upgrade_ffqns),
                  "concurrency": info.concurrency, "now": now},
             ).fetchone()
             return row_to_worker(row)
@@ -539,6 +551,18 @@ class SqliteStore(SharedMethods):
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
         rows = await self._run(self._all, "worker_list", {"limit": limit})
         return [row_to_worker(r) for r in rows]
+
+    async def deployment_seen(self, deployment_id: str) -> DeploymentRecord:
+        def work(conn: sqlite3.Connection, now: int) -> DeploymentRecord:
+            row = conn.execute(Q["deployment_seen"], {"id": deployment_id, "now": now}
+                               ).fetchone()
+            return _ops.deployment_from(_normalise(row))
+
+        return await self._run(self._write, work)
+
+    async def deployment_get(self, deployment_id: str) -> DeploymentRecord | None:
+        rows = await self._run(self._all, "deployment_get", {"id": deployment_id})
+        return _ops.deployment_from(_normalise(rows[0])) if rows else None
 
     async def db_now(self) -> datetime:
         def work() -> int:
@@ -604,9 +628,10 @@ TIME_COLUMNS = frozenset({
     "cancel_requested_at", "pause_requested_at", "at", "consumed_at", "started_at",
     "last_heartbeat", "stopped_at", "triggered_at", "flagged_at", "end_requested_at",
     "first_seen_at", "last_slot_at", "slot_at", "fired_at",
+    "first_seen", "last_seen",
 })
 JSON_COLUMNS = frozenset({"params", "result", "error", "data", "payload", "ffqns",
-                          "end_request"})
+                          "upgrade_ffqns", "end_request"})
 
 
 def _us(value: Any) -> int:
@@ -624,6 +649,8 @@ def _sqlite_param(value: Any) -> Any:
         return str(value)
     if isinstance(value, datetime):
         return to_us(value)
+    if isinstance(value, timedelta):
+        return value // timedelta(microseconds=1)
     if isinstance(value, list | tuple):
         return _dumps([_sqlite_param(v) for v in value])
     if isinstance(value, bool):
