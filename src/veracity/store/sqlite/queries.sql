@@ -490,3 +490,29 @@ INSERT INTO veracity_history (execution_id, seq, kind, at, data)
 SELECT json_extract(value, '$.execution_id'), json_extract(value, '$.seq'),
        json_extract(value, '$.kind'), :now, json_extract(value, '$.data')
 FROM json_each(:rows)
+
+-- API tokens (docs/security.md)
+
+-- name: token_create
+INSERT INTO veracity_api_tokens (name, key_id, token_hash, scopes, created_at, expires_at)
+VALUES (:name, :key_id, :token_hash, :scopes, :now, :now + :expires_in_us)
+ON CONFLICT (name) DO NOTHING
+RETURNING *
+
+-- name: token_get
+SELECT * FROM veracity_api_tokens WHERE name = :name
+
+-- name: token_find
+SELECT * FROM veracity_api_tokens WHERE key_id = :key_id
+
+-- name: token_list
+SELECT * FROM veracity_api_tokens ORDER BY created_at, name
+
+-- name: token_revoke
+UPDATE veracity_api_tokens SET revoked_at = :now
+WHERE name = :name AND revoked_at IS NULL
+RETURNING *
+
+-- name: token_touch
+UPDATE veracity_api_tokens SET last_used_at = :now
+WHERE key_id = :key_id AND (last_used_at IS NULL OR last_used_at < :now)
