@@ -48,9 +48,10 @@ class InvalidTokenRequest(ValueError):
     """A bad name, scope or lifetime for a new token."""
 
 
-def allows(granted: Iterable[Scope], needed: Scope) -> bool:
-    granted = set(granted)
-    return needed in granted or Scope.ADMIN in granted
+def allows(granted: Iterable[str], needed: Scope) -> bool:
+    """Whether scopes as stored (their values) grant ``needed``."""
+    held = set(granted)
+    return needed.value in held or Scope.ADMIN.value in held
 
 
 def parse_scopes(values: Iterable[str]) -> tuple[Scope, ...]:
