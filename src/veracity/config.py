@@ -4,12 +4,14 @@
 validation failure into a one-line ``ConfigError`` naming where the bad value came from:
 ``veracity.toml:3: worker.concurrency: ...``, ``VERACITY_PORT: ...`` or ``--port: ...``.
 A key this version does not implement is never ignored: a misspelled one is an ``unknown
-key``, one that names a feature Veracity does not have yet (``[[cron]]``, ``tokens``,
-``secrets``, ...) is ``not supported by this version of Veracity``.
+key``, one that names a feature Veracity does not have yet (``[[cron]]``, ``secrets``, ...)
+is ``not supported by this version of Veracity``, and ``tokens`` is refused saying where
+API tokens live instead (the database: ``veracity token create``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -36,11 +38,13 @@ __all__ = [
     "CONFIG_ENV_VAR",
     "DEFAULT_CONFIG_FILE",
     "ENV_VARS",
+    "AuthSettings",
     "ReconcilerSettings",
     "RecoverySettings",
     "Settings",
     "WorkerSettings",
     "describe",
+    "is_loopback",
     "load_settings",
     "parse_duration",
 ]
@@ -70,11 +74,19 @@ ENV_VARS: dict[str, str] = {
     "reconciler.engine_timeout": "VERACITY_ENGINE_TIMEOUT",
     "reconciler.stop_flag_after": "VERACITY_STOP_FLAG_AFTER",
     "public_url": "VERACITY_PUBLIC_URL",
+    "auth.required": "VERACITY_AUTH_REQUIRED",
 }
 
 # Top-level keys of features this version does not have: refused at start, never ignored.
-NOT_SUPPORTED: frozenset[str] = frozenset({"cron", "tokens", "secrets", "secrets_file", "auth"})
+NOT_SUPPORTED: frozenset[str] = frozenset({"cron", "secrets", "secrets_file"})
 _NOT_SUPPORTED_REASON = "not supported by this version of Veracity"
+# Top-level keys for what lives elsewhere: refused, saying where.
+ELSEWHERE: dict[str, str] = {
+    # a token in a file would be a secret in plain text beside the settings, and the API
+    # checks the database's tokens: one place, hashed, listed and revoked there
+    "tokens": "API tokens live in the database, hashed, not in the configuration file: "
+              "create them with `veracity token create` (docs/security.md)",
+}
 
 # ---------------------------------------------------------------------------
 # Durations
@@ -189,6 +201,27 @@ class ReconcilerSettings(_Model):
     stop_flag_after: Duration = Field(default=600.0, ge=1, le=30 * 86400)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
+    name = host.strip().lower().rstrip(".")
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return False  # a host name other than localhost may resolve to anything
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+class AuthSettings(_Model):
+    """API tokens on the HTTP API (docs/security.md)."""
+
+    # None: required unless the server binds to a loopback address (Settings.auth_required)
+    required: bool | None = None
+
+
 class Settings(_Model):
     """Everything a Veracity process is configured with."""
 
@@ -204,6 +237,7 @@ class Settings(_Model):
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     public_url: str | None = None
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     # File-only tables, validated entry by entry at start (veracity.adapters.config.parse_external).
     engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
     external_workflow: list[dict[str, Any]] = Field(default_factory=list)
@@ -218,6 +252,13 @@ class Settings(_Model):
             )
         return value
 
+    @property
+    def auth_required(self) -> bool:
+        """auth.required if set, else true unless ``host`` is a loopback address."""
+        if self.auth.required is not None:
+            return self.auth.required
+        return not is_loopback(self.host)
+
 
 # ---------------------------------------------------------------------------
 # Documentation
@@ -227,6 +268,7 @@ _DEFAULT_TEXT = {
     "deployment_id": "digest of the workflow code",
     "worker.heartbeat_interval": "lease_ttl / 4",
     "public_url": "http://<host>:<port>",
+    "auth.required": "true, unless host is a loopback address",
 }
 _DURATION_KEYS = {
     "worker.lease_ttl",
@@ -341,10 +383,12 @@ def _read(config: _ConfigFile) -> tuple[dict[str, Any], str]:
         where = f"{config.shown}:{line}" if line else config.shown
         raise ConfigError(f"{where}: config_path: unknown key")
     for key in data:
-        if key in NOT_SUPPORTED:  # before any other error: the file asks for what is not here
+        # before any other error: the file asks for what is not here
+        refusal = _NOT_SUPPORTED_REASON if key in NOT_SUPPORTED else ELSEWHERE.get(key)
+        if refusal is not None:
             line = _find_line(text, (key,))
             where = f"{config.shown}:{line}" if line else config.shown
-            raise ConfigError(f"{where}: {key}: {_NOT_SUPPORTED_REASON}")
+            raise ConfigError(f"{where}: {key}: {refusal}")
     return data, text
 
 
