@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from bench import engine, reconciler, submit, workers
+from bench import auth, engine, reconciler, submit, workers
 
 
 def main() -> None:
@@ -15,6 +15,7 @@ def main() -> None:
     workers.main([])
     engine.main([])
     reconciler.main([])
+    auth.main([])
 
 
 if __name__ == "__main__":
