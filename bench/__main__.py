@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from bench import cron, engine, reconciler, submit, wakeups, workers
+from bench import auth, cron, engine, reconciler, submit, wakeups, workers
 
 
 def main() -> None:
@@ -17,6 +17,7 @@ def main() -> None:
     reconciler.main([])
     wakeups.main([])
     cron.main([])
+    auth.main([])
 
 
 if __name__ == "__main__":

@@ -365,10 +365,8 @@ def test_cron_must_be_an_array_of_tables(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "line", "key"),
     [
-        ("[[tokens]]\nname = \"ci\"\n", 3, "tokens"),
-        ('[tokens]\nci = "s3cret"\n', 3, "tokens"),
-        ('[auth]\nmode = "token"\n', 3, "auth"),
-        ('auth.mode = "token"\n', 3, "auth"),
+        ('[retention]\nterminal = "30d"\n', 3, "retention"),
+        ('retention.terminal = "30d"\n', 3, "retention"),
     ],
 )
 def test_a_feature_this_version_lacks_is_refused_naming_the_key(
@@ -381,6 +379,53 @@ def test_a_feature_this_version_lacks_is_refused_naming_the_key(
     assert config_error(path, env={}) == f"{path}:{line}: {key}: {reason}"
     write(tmp_path / "veracity.toml", path.read_text())
     assert config_error(env={}) == f"veracity.toml:{line}: {key}: {reason}"
+
+
+@pytest.mark.parametrize("text", ['[[tokens]]\nname = "ci"\n', '[tokens]\nci = "s3cret"\n'])
+def test_tokens_in_the_file_are_refused_saying_where_they_live(
+    tmp_path: Path, text: str
+) -> None:
+    path = write(tmp_path / "conf.toml", f'host = "h"\nport = 9000\n{text}')
+    assert config_error(path, env={}) == (
+        f"{path}:3: tokens: API tokens live in the database, hashed, not in the "
+        "configuration file: create them with `veracity token create` (docs/security.md)")
+    assert config_error(env={}, overrides={"tokens": "x"}) == "--tokens: unknown key"
+
+
+# --- auth.required ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("host", "required"), [
+    ("127.0.0.1", False), ("127.8.9.10", False), ("::1", False), ("[::1]", False),
+    ("localhost", False), ("LocalHost.", False), ("::ffff:127.0.0.1", False),
+    ("0.0.0.0", True), ("::", True), ("192.168.1.20", True), ("10.0.0.1", True),
+    ("example.internal", True), ("128.0.0.1", True),
+])
+def test_auth_is_required_unless_the_host_is_loopback(host: str, required: bool) -> None:
+    s = load_settings(env={"VERACITY_HOST": host})
+    assert s.auth.required is None
+    assert s.auth_required is required
+
+
+def test_auth_required_from_file_env_and_flag(tmp_path: Path) -> None:
+    path = write(tmp_path / "conf.toml", 'host = "0.0.0.0"\n[auth]\nrequired = false\n')
+    s = load_settings(path, env={})
+    assert s.auth.required is False and s.auth_required is False
+    s = load_settings(path, env={"VERACITY_AUTH_REQUIRED": "true"})
+    assert s.auth_required is True
+    s = load_settings(env={"VERACITY_AUTH_REQUIRED": "true"})  # on loopback too
+    assert s.host == "127.0.0.1" and s.auth_required is True
+    s = load_settings(path, env={}, overrides={"auth.required": True})
+    assert s.auth_required is True
+
+
+def test_auth_bad_values_and_unknown_keys_are_refused(tmp_path: Path) -> None:
+    assert config_error(env={"VERACITY_AUTH_REQUIRED": "maybe"}) == (
+        "VERACITY_AUTH_REQUIRED: Input should be a valid boolean, unable to interpret input")
+    path = write(tmp_path / "conf.toml", 'port = 9000\n[auth]\nmode = "token"\n')
+    assert config_error(path, env={}) == f"{path}:3: auth.mode: unknown key"
+    path = write(tmp_path / "conf.toml", 'port = 9000\nauth = true\n')
+    assert config_error(path, env={}).startswith(f"{path}:2: auth: ")
 
 
 # --- reconciler.stop_flag_after --------------------------------------------------------
@@ -432,6 +477,8 @@ def test_describe_lists_every_variable_with_its_default() -> None:
     assert table["worker.lease_ttl"] == ("VERACITY_LEASE_TTL", "120s")
     assert table["worker.heartbeat_interval"][1] == "lease_ttl / 4"
     assert table["reconciler.stop_flag_after"] == ("VERACITY_STOP_FLAG_AFTER", "600s")
+    assert table["auth.required"] == ("VERACITY_AUTH_REQUIRED",
+                                      "true, unless host is a loopback address")
     # every documented key is a real setting
     defaults = Settings()
     for key in ENV_VARS:

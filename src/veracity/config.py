@@ -4,12 +4,15 @@
 validation failure into a one-line ``ConfigError`` naming where the bad value came from:
 ``veracity.toml:3: worker.concurrency: ...``, ``VERACITY_PORT: ...`` or ``--port: ...``.
 A key this version does not implement is never ignored: a misspelled one is an ``unknown
-key``, one that names a feature Veracity does not have yet (``tokens``, ``auth``) is
-``not supported by this version of Veracity``.
+key``, one that names a feature Veracity does not have yet (``retention``) is ``not
+supported by this version of Veracity``, and ``tokens`` and ``secrets`` are refused saying
+where they live instead (API tokens: the database, ``veracity token create``; secret values:
+the environment or a secrets file).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -37,12 +40,14 @@ __all__ = [
     "CONFIG_ENV_VAR",
     "DEFAULT_CONFIG_FILE",
     "ENV_VARS",
+    "AuthSettings",
     "ReconcilerSettings",
     "RecoverySettings",
     "ServerSettings",
     "Settings",
     "WorkerSettings",
     "describe",
+    "is_loopback",
     "load_settings",
     "parse_duration",
 ]
@@ -75,16 +80,21 @@ ENV_VARS: dict[str, str] = {
     "reconciler.stop_flag_after": "VERACITY_STOP_FLAG_AFTER",
     "public_url": "VERACITY_PUBLIC_URL",
     "secrets_file": "VERACITY_SECRETS_FILE",
+    "auth.required": "VERACITY_AUTH_REQUIRED",
 }
 
 # Top-level keys of features this version does not have: refused at start, never ignored.
-NOT_SUPPORTED: frozenset[str] = frozenset({"tokens", "auth"})
+NOT_SUPPORTED: frozenset[str] = frozenset({"retention"})
 _NOT_SUPPORTED_REASON = "not supported by this version of Veracity"
-# Top-level keys refused for a reason of their own.
-_REFUSED: dict[str, str] = {
+# Top-level keys for what lives elsewhere: refused, saying where.
+ELSEWHERE: dict[str, str] = {
     "secrets": "secret values never sit in veracity.toml: set VERACITY_SECRET_<NAME> or name "
                "a secrets_file, and refer to them as ${secret:NAME} in an [[http]] entry's "
                "headers (docs/http.md)",
+    # a token in a file would be a secret in plain text beside the settings, and the API
+    # checks the database's tokens: one place, hashed, listed and revoked there
+    "tokens": "API tokens live in the database, hashed, not in the configuration file: "
+              "create them with `veracity token create` (docs/security.md)",
 }
 
 # ---------------------------------------------------------------------------
@@ -210,6 +220,27 @@ class ReconcilerSettings(_Model):
     stop_flag_after: Duration = Field(default=600.0, ge=1, le=30 * 86400)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
+    name = host.strip().lower().rstrip(".")
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return False  # a host name other than localhost may resolve to anything
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+class AuthSettings(_Model):
+    """API tokens on the HTTP API (docs/security.md)."""
+
+    # None: required unless the server binds to a loopback address (Settings.auth_required)
+    required: bool | None = None
+
+
 class Settings(_Model):
     """Everything a Veracity process is configured with."""
 
@@ -226,6 +257,7 @@ class Settings(_Model):
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     public_url: str | None = None
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     # File-only tables, validated entry by entry at start (veracity.adapters.config.parse_external,
     # veracity.core.cron.parse_cron_entries): their errors name the entry at fault.
     engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -252,6 +284,13 @@ class Settings(_Model):
             )
         return value
 
+    @property
+    def auth_required(self) -> bool:
+        """auth.required if set, else true unless ``host`` is a loopback address."""
+        if self.auth.required is not None:
+            return self.auth.required
+        return not is_loopback(self.host)
+
 
 # ---------------------------------------------------------------------------
 # Documentation
@@ -262,6 +301,7 @@ _DEFAULT_TEXT = {
     "worker.heartbeat_interval": "lease_ttl / 4",
     "public_url": "http://<host>:<port>",
     "secrets_file": "none",
+    "auth.required": "true, unless host is a loopback address",
 }
 _DURATION_KEYS = {
     "worker.lease_ttl",
@@ -377,10 +417,12 @@ def _read(config: _ConfigFile) -> tuple[dict[str, Any], str]:
         where = f"{config.shown}:{line}" if line else config.shown
         raise ConfigError(f"{where}: config_path: unknown key")
     for key in data:
-        if key in NOT_SUPPORTED or key in _REFUSED:  # before any other error
+        # before any other error: the file asks for what is not here
+        refusal = _NOT_SUPPORTED_REASON if key in NOT_SUPPORTED else ELSEWHERE.get(key)
+        if refusal is not None:
             line = _find_line(text, (key,))
             where = f"{config.shown}:{line}" if line else config.shown
-            raise ConfigError(f"{where}: {key}: {_REFUSED.get(key, _NOT_SUPPORTED_REASON)}")
+            raise ConfigError(f"{where}: {key}: {refusal}")
     return data, text
 
 

@@ -1,4 +1,5 @@
-"""The execution service: validation and use cases shared by the HTTP API and the CLI.
+"""The control plane's use cases, shared by the HTTP API and the CLI: executions
+(:class:`ExecutionService`) and API tokens (:class:`TokenService`).
 
 Input is checked completely before anything is written, so bad input changes nothing.
 """
@@ -9,6 +10,7 @@ import base64
 import binascii
 import hashlib
 import json
+import logging
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -30,9 +32,23 @@ from veracity.core.ffqn import (
 from veracity.core.reconcile import FlagKind
 from veracity.core.requests import CallbackOutcome, CallbackReport, ResolveAction
 from veracity.core.states import Status
+from veracity.core.tokens import (
+    InvalidTokenRequest,
+    Scope,
+    TokenState,
+    allows,
+    check_name,
+    key_id_of,
+    matches,
+    new_secret,
+    parse_expires,
+    parse_scopes,
+    state,
+)
 from veracity.errors import (
     BadRequest,
     Conflict,
+    Forbidden,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
@@ -40,6 +56,7 @@ from veracity.errors import (
 )
 from veracity.models import (
     JSON,
+    ApiToken,
     ControlResult,
     CronRecord,
     DeploymentSummary,
@@ -48,11 +65,14 @@ from veracity.models import (
     HistoryEvent,
     ListCursor,
     Message,
+    NewApiToken,
     NewExecution,
     WorkerRecord,
 )
 from veracity.store.protocol import ControlStore
 from veracity.worker.journal import retry_replay
+
+log = logging.getLogger("veracity.control")
 
 MAX_LIST_LIMIT = 1000
 MAX_HISTORY_LIMIT = 10_000
@@ -657,3 +677,109 @@ class ExecutionService:
 
     async def _ident(self, execution_id: str | uuid.UUID) -> uuid.UUID:
         return execution_id if isinstance(execution_id, uuid.UUID) else parse_id(execution_id)
+
+
+# -- API tokens (docs/security.md) -------------------------------------------------------
+
+TOUCH_EVERY = timedelta(seconds=60)
+"""last_used_at is written at most this often per token: one write a minute, not one a
+request."""
+
+MISSING_TOKEN = ("an API token is needed: send Authorization: Bearer <token> (an operator "
+                 "creates one with `veracity token create`)")
+UNKNOWN_TOKEN = "unknown API token"
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedToken:
+    token: str
+    """The token itself: shown once, never stored."""
+    record: ApiToken
+
+
+@dataclass(frozen=True, slots=True)
+class TokenView:
+    record: ApiToken
+    state: TokenState
+
+
+def _when(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+class TokenService:
+    """Creating, listing and revoking API tokens (the CLI), and checking the token a
+    request carries against the scope its route needs (the API)."""
+
+    def __init__(self, store: ControlStore) -> None:
+        self.store = store
+
+    async def create(self, name: str, scopes: Sequence[str], expires: str | None = None
+                     ) -> CreatedToken:
+        """Everything is checked before anything is written; the token is returned once."""
+        try:
+            check_name(name)
+            granted = parse_scopes(scopes)
+            lifetime = parse_expires(expires) if expires is not None else None
+        except InvalidTokenRequest as exc:
+            raise InvalidInput(str(exc), code="invalid_token") from None
+        made = new_secret()
+        record = await self.store.token_create(NewApiToken(
+            name=name, key_id=made.key_id, token_hash=made.digest,
+            scopes=tuple(s.value for s in granted), expires_in=lifetime))
+        if record is None:
+            existing = await self.store.token_get(name)
+            since = f" (created {_when(existing.created_at)})" if existing else ""
+            raise Conflict(f"a token named {name!r} exists already{since}; a name is never "
+                           "given out twice, even once revoked: choose another name",
+                           code="token_exists")
+        return CreatedToken(made.token, record)
+
+    async def list(self) -> list[TokenView]:
+        now = await self.store.db_now()
+        return [TokenView(t, state(t.expires_at, t.revoked_at, now))
+                for t in await self.store.token_list()]
+
+    async def revoke(self, name: str) -> tuple[ApiToken, bool]:
+        """The token and whether this call revoked it (False: it was revoked already)."""
+        revoked = await self.store.token_revoke(name)
+        if revoked is not None:
+            return revoked, True
+        existing = await self.store.token_get(name)
+        if existing is None:
+            raise NotFound(f"no token named {name!r} (see `veracity token list`)",
+                           code="unknown_token")
+        return existing, False
+
+    async def authenticate(self, token: str | None, needed: Scope, *, route: str
+                           ) -> ApiToken:
+        """The token, if it is known, neither expired nor revoked (else Unauthorized) and
+        grants ``needed`` (else Forbidden, naming the scope)."""
+        if token is None:
+            raise Unauthorized(MISSING_TOKEN)
+        key_id = key_id_of(token)
+        found = await self.store.token_find(key_id) if key_id is not None else None
+        if found is None or not matches(token, found.token.token_hash):
+            raise Unauthorized(UNKNOWN_TOKEN)
+        record, now = found.token, found.now
+        current = state(record.expires_at, record.revoked_at, now)
+        if current is TokenState.REVOKED:
+            assert record.revoked_at is not None
+            raise Unauthorized(f"the API token {record.name!r} was revoked at "
+                               f"{_when(record.revoked_at)}")
+        if current is TokenState.EXPIRED:
+            assert record.expires_at is not None
+            raise Unauthorized(f"the API token {record.name!r} expired at "
+                               f"{_when(record.expires_at)}")
+        if not allows(record.scopes, needed):
+            raise Forbidden(
+                f"the API token {record.name!r} lacks the scope {needed.value}, which "
+                f"{route} needs (it has: {', '.join(record.scopes)})",
+                scope=needed.value)
+        if record.last_used_at is None or now - record.last_used_at >= TOUCH_EVERY:
+            try:
+                await self.store.token_touch(record.key_id)
+            except Exception as exc:  # the request is authorized; its last use is a note
+                log.warning("could not record the use of API token %r: %s", record.name,
+                            exc, extra={"domain": "api"})
+        return record

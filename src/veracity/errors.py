@@ -31,6 +31,11 @@ class Unauthorized(VeracityError):
     code = "unauthorized"
 
 
+class Forbidden(VeracityError):
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(VeracityError):
     status = 404
     code = "not_found"

@@ -210,6 +210,39 @@ class Adopted:
 
 
 @dataclass(frozen=True, slots=True)
+class NewApiToken:
+    """A token to store: its digest, never the token itself (docs/security.md)."""
+
+    name: str
+    key_id: str
+    token_hash: str
+    scopes: tuple[str, ...]
+    expires_in: timedelta | None
+    """From the store's clock at creation; None: it never expires."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiToken:
+    name: str
+    key_id: str
+    token_hash: str
+    scopes: tuple[str, ...]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class FoundToken:
+    """A token found by its key id, and the store's time when it was read (expiry is
+    judged by the store's clock, as everything else is)."""
+
+    token: ApiToken
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Recovered:
     """What one recovery pass did to one execution whose lease had expired."""
 

@@ -2,7 +2,9 @@
 reconciler, cron, and on SQLite by default a worker).
 
 Migrates at start, serves until SIGTERM or SIGINT, then shuts down gracefully: uvicorn
-stops accepting connections, finishes in-flight requests, and the store is closed.
+stops accepting connections, finishes in-flight requests, and the store is closed. It
+refuses to serve a non-loopback address without API tokens unless told ``--insecure``
+(docs/security.md).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from veracity.api import create_api
 from veracity.api.transport import protocol_with
 from veracity.app import App
 from veracity.bindings import resolve_http
-from veracity.config import Settings
-from veracity.control import ServiceMetrics
+from veracity.config import Settings, is_loopback
+from veracity.control import ServiceMetrics, TokenService
+from veracity.core.tokens import TokenState
 from veracity.errors import ConfigError
 from veracity.maintenance._loop import run_forever
 from veracity.maintenance.cron import CronMetrics, CronService
@@ -51,6 +54,34 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def check_bind(settings: Settings, *, insecure: bool) -> None:
+    """Refuse a non-loopback bind without API tokens, unless ``insecure`` says that
+    something in front of the server authenticates every request."""
+    if settings.auth_required or is_loopback(settings.host) or insecure:
+        return
+    raise ConfigError(
+        f"refusing to serve on {settings.host} without authentication: auth.required is "
+        f"false and {settings.host} is not a loopback address, so anyone who can reach "
+        f"port {settings.port} could submit, cancel, pause, resolve and read every "
+        "execution. Create API tokens (`veracity token create`) and leave auth.required "
+        "to its default (true on this address), or, if something in front of Veracity "
+        "authenticates every request, start it with --insecure (docs/security.md)")
+
+
+async def _warn_without_tokens(settings: Settings, tokens: TokenService) -> None:
+    if not settings.auth_required:
+        if not is_loopback(settings.host):
+            log.warning("serving %s WITHOUT authentication (--insecure): every request is "
+                        "served unless it carries a bad token", settings.host,
+                        extra={"domain": "server"})
+        return
+    views = await tokens.list()
+    if not any(v.state is TokenState.ACTIVE for v in views):
+        log.warning("API tokens are required and none is active: every /v1 request will "
+                    "be refused (401); create one with `veracity token create`",
+                    extra={"domain": "server"})
 
 
 def wants_worker(settings: Settings, with_worker: bool | None) -> bool:
@@ -113,11 +144,13 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             runtime.service.on_interrupt = worker.interrupted
             cron.on_started = worker.wake
             tasks.append(asyncio.create_task(worker.run(), name="veracity-worker"))
+        await _warn_without_tokens(settings, TokenService(runtime.store))
         log.info(
             "started",
             extra={
                 "domain": "server",
                 "database": redact_url(settings.database_url),
+                "auth_required": settings.auth_required,
                 "deployment_id": runtime.deployment_id,
                 "workflows": sorted(runtime.app.workflows) if runtime.app else [],
                 "worker": worker.id if worker else None,
@@ -136,7 +169,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             log.info("stopped", extra={"domain": "server"})
 
     return create_api(max_payload_bytes=settings.max_payload_bytes, lifespan=lifespan,
-                      registry=registry)
+                      registry=registry, auth_required=settings.auth_required)
 
 
 async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:
@@ -159,8 +192,10 @@ async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:
         for srv in server.servers:
             for sock in srv.sockets:
                 host, port = sock.getsockname()[:2]
+                tokens = ("API tokens required" if settings.auth_required
+                          else "no API token required")
                 print(f"Veracity is serving http://{host}:{port}  (API docs: "
-                      f"http://{host}:{port}/docs)", flush=True)
+                      f"http://{host}:{port}/docs; {tokens})", flush=True)
     await task
     # uvicorn leaves should_exit set after a clean shutdown; a failed start does not
     return 0 if server.started else 1

@@ -59,9 +59,11 @@ CASES: list[tuple[str, str, dict[str, str | None], list[str]]] = [
     ("bad-webhook", swap('webhook = "/webhook/fulfil"\nmax_duration = "300ms"',
                          'webhook = "webhook/fulfil"\nmax_duration = "300ms"'), {},
      ["external_workflow[0]", "webhook"]),
-    # features this version lacks are refused, never loaded and ignored
+    # features this version lacks, and tokens in the file, are refused, never ignored
+    ("retention", GOOD + '\n[retention]\nterminal = "30d"\n', {},
+     ["veracity.toml:", "retention: not supported by this version of Veracity"]),
     ("tokens", GOOD + '\n[[tokens]]\nname = "ci"\n', {},
-     ["veracity.toml:", "tokens: not supported by this version of Veracity"]),
+     ["veracity.toml:", "tokens: API tokens live in the database", "veracity token create"]),
     ("stop-flag-after", GOOD + '\n[reconciler]\nstop_flag_after = "0.5s"\n', {},
      ["veracity.toml:", "reconciler.stop_flag_after", "greater than or equal to 1"]),
     ("stop-flag-after-env", GOOD, {"VERACITY_STOP_FLAG_AFTER": "31d"},

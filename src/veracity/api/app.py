@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from veracity.api.auth import ROUTE_ACCESS, TokenAuth, check_routes, declare_security
 from veracity.api.errors import error_response, install_error_handlers
 from veracity.api.limits import BodySizeLimit, JsonBodies
 from veracity.api.schemas import (
@@ -92,9 +93,14 @@ def create_api(
     lifespan: Lifespan | None = None,
     registry: CollectorRegistry | None = None,
     health_timeout: float = HEALTH_TIMEOUT,
+    auth_required: bool = False,
 ) -> FastAPI:
     """The API. Pass a ready ``service``, or a ``lifespan`` that puts one on
-    ``app.state.service`` at start (the server does that, to open the store there)."""
+    ``app.state.service`` at start (the server does that, to open the store there).
+
+    ``auth_required``: every request to a scoped route needs an API token (the server
+    passes auth.required); without it, a request without a token is served, and one with a
+    token is still checked (docs/security.md)."""
 
     @asynccontextmanager
     async def no_lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -111,6 +117,8 @@ def create_api(
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=max_payload_bytes)
     app.add_middleware(JsonBodies)
+    # added last, so outermost: a request is refused for its token before its body is read
+    app.add_middleware(TokenAuth, required=auth_required)
 
     @app.get("/healthz", response_model=Health, responses={503: {"model": ErrorOut}})
     async def healthz(service: Service) -> Health | JSONResponse:
@@ -357,4 +365,6 @@ def create_api(
         return HistoryPage(items=[HistoryItem.of(e) for e in page],
                            next_cursor=str(after) if after is not None else None)
 
+    check_routes(app.router.routes, ROUTE_ACCESS)  # a route without its access is a bug
+    declare_security(app, auth_required)
     return app

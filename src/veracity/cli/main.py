@@ -1,5 +1,5 @@
-"""Commands: server, worker, workers, crons, migrate, submit, get, list, history, replay,
-retry, cancel, pause, unpause, send, resolve.
+"""Commands: server, worker, workers, crons, deployments, migrate, submit, get, list, history,
+replay, retry, cancel, pause, unpause, send, resolve, token.
 
 Exit codes: 0 success, 1 an error (bad input, not found, database unreachable),
 2 a usage error (click's own).
@@ -30,10 +30,18 @@ from veracity.api.schemas import (
 )
 from veracity.cli.output import fmt_time, print_fields, print_json, print_table, short
 from veracity.config import Settings, load_settings
-from veracity.control import MAX_HISTORY_LIMIT, AdoptOutcome, DeploymentView, Resolved
+from veracity.control import (
+    MAX_HISTORY_LIMIT,
+    AdoptOutcome,
+    CreatedToken,
+    DeploymentView,
+    Resolved,
+    TokenService,
+    TokenView,
+)
 from veracity.core.states import Status
 from veracity.errors import ConfigError, InvalidInput, VeracityError
-from veracity.models import Execution, ExecutionFilter, HistoryEvent, Message
+from veracity.models import ApiToken, Execution, ExecutionFilter, HistoryEvent, Message
 from veracity.runtime import Runtime, open_runtime, redact_url
 from veracity.store import open_store
 from veracity.worker.replayer import ReplayResult, replay_async
@@ -68,8 +76,10 @@ def run(coro: Coroutine[Any, Any, T], *, fast_loop: bool = False) -> T:
     except ConfigError as exc:
         raise Failure(str(exc)) from None
     except (psycopg.OperationalError, psycopg_pool.PoolTimeout, sqlite3.OperationalError,
-            FileNotFoundError) as exc:
+            psycopg.errors.UndefinedTable, FileNotFoundError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, psycopg.errors.UndefinedTable) or "no such table" in first:
+            first += " (run `veracity migrate`, or start the server once: it migrates)"
         raise Failure(f"cannot use the database: {first}") from None
 
 
@@ -160,16 +170,21 @@ def cli() -> None:
 @click.option("--worker/--no-worker", "with_worker", default=None,
               help="Run a worker in this process (default: on with SQLite, off with "
                    "PostgreSQL).")
+@click.option("--insecure", is_flag=True,
+              help="Serve a non-loopback address with auth.required = false (only when "
+                   "something in front authenticates every request).")
 def server(config_path: str | None, database_url: str | None, app: str | None,
-           host: str | None, port: int | None, with_worker: bool | None) -> None:
+           host: str | None, port: int | None, with_worker: bool | None,
+           insecure: bool) -> None:
     """Run the HTTP API and the background services (migrates the database first)."""
     from veracity._logging import setup_logging
-    from veracity.server import run_server
+    from veracity.server import check_bind, run_server
 
     settings = settings_from(config_path, database_url=database_url, app=app, host=host,
                              port=port)
     setup_logging(settings.log_level)
     try:
+        check_bind(settings, insecure=insecure)  # before anything binds the port
         from veracity.adapters.config import parse_external
         from veracity.bindings import resolve_http
         from veracity.runtime import cron_entries, load_user_app
@@ -655,6 +670,110 @@ def resolve(config_path: str | None, database_url: str | None, app: str | None,
                    f"{resolved.message}")
     else:
         click.echo(f"resolved ({chosen[0]}): {execution.id} is {execution.status}")
+
+
+# -- API tokens (docs/security.md) ---------------------------------------------------------
+
+
+@cli.group()
+def token() -> None:
+    """Scoped API tokens for the HTTP API: create, list, revoke.
+
+    Tokens live in the database (hashed); these commands talk to it directly and need no
+    token themselves."""
+
+
+async def with_tokens(settings: Settings, fn: Callable[[TokenService], Awaitable[T]]) -> T:
+    store = await open_store(settings.database_url)
+    try:
+        return await fn(TokenService(store))
+    finally:
+        await store.close()
+
+
+def token_json(t: ApiToken, state: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": t.name, "key_id": t.key_id, "scopes": list(t.scopes),
+        "created_at": t.created_at.isoformat(),
+        "expires_at": t.expires_at.isoformat() if t.expires_at else None,
+        "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+        "last_used_at": t.last_used_at.isoformat() if t.last_used_at else None,
+    }
+    if state is not None:
+        out["state"] = state
+    return out
+
+
+SCOPES_HELP = ("Repeatable: executions:read, executions:submit, executions:cancel, "
+               "executions:pause, executions:send, executions:resolve, admin (all).")
+
+
+@token.command(name="create")
+@common_options
+@json_option
+@click.option("--name", required=True, help="A name of its own (letters, digits, . _ -).")
+@click.option("--scope", "scopes", multiple=True, required=True, metavar="SCOPE",
+              help=SCOPES_HELP)
+@click.option("--expires", default=None, metavar="LIFETIME",
+              help="e.g. 30d, 12h, 90m, 2w (default: never).")
+def token_create(config_path: str | None, database_url: str | None, app: str | None,
+                 as_json: bool, name: str, scopes: tuple[str, ...], expires: str | None
+                 ) -> None:
+    """Create a token and print it, once: only its SHA-256 digest is kept.
+
+    The token alone goes to stdout (TOKEN=$(veracity token create ...)), the rest to
+    stderr."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    created: CreatedToken = run(with_tokens(
+        settings, lambda tokens: tokens.create(name, scopes, expires)))
+    record = created.record
+    if as_json:
+        print_json({**token_json(record), "token": created.token})
+        return
+    until = (f"expires {fmt_time(record.expires_at)}" if record.expires_at
+             else "never expires")
+    click.echo(f"created API token {record.name!r} ({', '.join(record.scopes)}; {until}); "
+               "it is shown only this once: Veracity keeps only its digest", err=True)
+    click.echo(created.token)
+
+
+@token.command(name="list")
+@common_options
+@json_option
+def token_list(config_path: str | None, database_url: str | None, app: str | None,
+               as_json: bool) -> None:
+    """List every token, oldest first: never the token itself."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    views: list[TokenView] = run(with_tokens(settings, lambda tokens: tokens.list()))
+    if as_json:
+        print_json({"items": [token_json(v.record, str(v.state)) for v in views]})
+        return
+    print_table(
+        ["name", "key id", "scopes", "state", "created at", "expires at", "revoked at",
+         "last used"],
+        [[v.record.name, v.record.key_id, ", ".join(v.record.scopes), str(v.state),
+          fmt_time(v.record.created_at), fmt_time(v.record.expires_at),
+          fmt_time(v.record.revoked_at), fmt_time(v.record.last_used_at)] for v in views],
+    )
+
+
+@token.command(name="revoke")
+@common_options
+@json_option
+@click.argument("name")
+def token_revoke(config_path: str | None, database_url: str | None, app: str | None,
+                 as_json: bool, name: str) -> None:
+    """Revoke the token NAME: refused (401) from the next request on. It stays listed."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    record, changed = run(with_tokens(settings, lambda tokens: tokens.revoke(name)))
+    if as_json:
+        print_json({**token_json(record, "revoked"), "changed": changed})
+    elif changed:
+        click.echo(f"revoked API token {record.name!r}: requests with it are refused "
+                   "from now on")
+    else:
+        click.echo(f"API token {record.name!r} was revoked already at "
+                   f"{fmt_time(record.revoked_at)} (nothing to change)")
 
 
 def main() -> None:

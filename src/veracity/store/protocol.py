@@ -4,7 +4,8 @@ A component is typed against only what it may touch (as Obelisk splits its stora
 traits): the workflow :class:`JournalStore` (a running workflow's fenced journal), the
 :class:`WorkerStore` (claims, leases and the worker's fenced exits), the
 :class:`ControlStore` (the API's and the CLI's requests), the :class:`MaintenanceStore`
-(periodic services), and :class:`ReadStore` (reads everyone may make).
+(periodic services), :class:`ReadStore` (reads everyone may make) and :class:`TokenStore`
+(the API tokens: kept by the CLI, checked by the API on every request).
 
 Methods are named entity first (``execution_claim``, ``execution_complete_if_owned``).
 Every state change is a single guarded statement whose WHERE clause names the states it
@@ -26,6 +27,7 @@ from veracity.core.states import Status
 from veracity.models import (
     JSON,
     Adopted,
+    ApiToken,
     CallbackResult,
     Claim,
     ControlResult,
@@ -36,9 +38,11 @@ from veracity.models import (
     DeploymentSummary,
     Execution,
     ExecutionFilter,
+    FoundToken,
     HistoryEvent,
     Interrupt,
     ListCursor,
+    NewApiToken,
     NewExecution,
     ReconcileAction,
     Recovered,
@@ -57,6 +61,7 @@ __all__ = [
     "MaintenanceStore",
     "ReadStore",
     "Store",
+    "TokenStore",
     "WorkerStore",
 ]
 
@@ -273,8 +278,32 @@ class RetryWrites(Protocol):
         the failed one is left unchanged. Refused (wrong state) for any other status."""
 
 
-class ControlStore(RetryWrites, DelegatedWrites, ReadStore, Protocol):
-    """The control plane's requests (the HTTP API and the CLI)."""
+class TokenStore(Protocol):
+    """Scoped API tokens (docs/security.md): only their SHA-256 digests are stored. Rows
+    are never deleted; a name is never given out twice."""
+
+    async def token_create(self, new: NewApiToken) -> ApiToken | None:
+        """Insert the token, created now by the store's clock and expiring ``expires_in``
+        later (never if None). None, and nothing written, if the name exists already."""
+
+    async def token_get(self, name: str) -> ApiToken | None: ...
+
+    async def token_find(self, key_id: str) -> FoundToken | None:
+        """The token with this key id (the public part of a token), with the store's time."""
+
+    async def token_list(self) -> list[ApiToken]:
+        """Every token, revoked and expired ones too, oldest first (created_at, name)."""
+
+    async def token_revoke(self, name: str) -> ApiToken | None:
+        """Set revoked_at to now on a token not revoked yet; None if there is no such
+        token or it was revoked already (nothing changes then)."""
+
+    async def token_touch(self, key_id: str) -> None:
+        """Record that the token was accepted now (last_used_at only moves forward)."""
+
+
+class ControlStore(TokenStore, RetryWrites, DelegatedWrites, ReadStore, Protocol):
+    """The control plane's requests (the HTTP API and the CLI), API tokens included."""
 
     async def execution_submit(self, new: NewExecution) -> Submitted:
         """Insert a pending execution and its ``pending`` history event.

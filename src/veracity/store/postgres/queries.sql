@@ -269,6 +269,37 @@ SELECT *, coalesce(%(now)s::timestamptz, now()) AS db_now FROM veracity_workers
 ORDER BY started_at DESC, id
 LIMIT %(limit)s
 
+-- API tokens (docs/security.md)
+
+-- name: token_create
+INSERT INTO veracity_api_tokens (name, key_id, token_hash, scopes, created_at, expires_at)
+VALUES (%(name)s, %(key_id)s, %(token_hash)s, %(scopes)s,
+        coalesce(%(now)s::timestamptz, now()),
+        coalesce(%(now)s::timestamptz, now()) + %(expires_in)s::interval)
+ON CONFLICT (name) DO NOTHING
+RETURNING *
+
+-- name: token_get
+SELECT * FROM veracity_api_tokens WHERE name = %(name)s
+
+-- name: token_find
+SELECT *, coalesce(%(now)s::timestamptz, now()) AS db_now FROM veracity_api_tokens
+WHERE key_id = %(key_id)s
+
+-- name: token_list
+SELECT * FROM veracity_api_tokens ORDER BY created_at, name
+
+-- name: token_revoke
+UPDATE veracity_api_tokens SET revoked_at = coalesce(%(now)s::timestamptz, now())
+WHERE name = %(name)s AND revoked_at IS NULL
+RETURNING *
+
+-- name: token_touch
+UPDATE veracity_api_tokens SET last_used_at = coalesce(%(now)s::timestamptz, now())
+WHERE key_id = %(key_id)s
+  AND (last_used_at IS NULL OR last_used_at < coalesce(%(now)s::timestamptz, now()))
+RETURNING key_id
+
 -- name: lock_try
 SELECT pg_try_advisory_lock(%(key)s) AS acquired
 

@@ -24,12 +24,15 @@ from veracity.clock import Clock
 from veracity.core.states import Status
 from veracity.models import (
     JSON,
+    ApiToken,
     Claim,
     DeploymentRecord,
     Execution,
     ExecutionFilter,
+    FoundToken,
     HistoryEvent,
     ListCursor,
+    NewApiToken,
     NewExecution,
     Submitted,
     TransitionResult,
@@ -88,6 +91,19 @@ def row_to_worker(row: Row) -> WorkerRecord:
         last_heartbeat=cast(datetime, _utc(row["last_heartbeat"])),
         stopped_at=_utc(row["stopped_at"]),
         upgrade_ffqns=row["upgrade_ffqns"],
+    )
+
+
+def row_to_token(row: Row) -> ApiToken:
+    return ApiToken(
+        name=row["name"],
+        key_id=row["key_id"],
+        token_hash=row["token_hash"],
+        scopes=tuple(row["scopes"]),
+        created_at=cast(datetime, _utc(row["created_at"])),
+        expires_at=_utc(row["expires_at"]),
+        revoked_at=_utc(row["revoked_at"]),
+        last_used_at=_utc(row["last_used_at"]),
     )
 
 
@@ -499,6 +515,36 @@ class PostgresStore(SharedMethods):
     async def deployment_get(self, deployment_id: str) -> DeploymentRecord | None:
         row = await self._fetchone("deployment_get", {"id": deployment_id})
         return _ops.deployment_from(row) if row else None
+
+    # -- API tokens -----------------------------------------------------------------
+
+    async def token_create(self, new: NewApiToken) -> ApiToken | None:
+        row = await self._fetchone("token_create", {
+            "name": new.name, "key_id": new.key_id, "token_hash": new.token_hash,
+            "scopes": Json(list(new.scopes)), "expires_in": new.expires_in,
+            "now": self._now(),
+        })
+        return row_to_token(row) if row else None
+
+    async def token_get(self, name: str) -> ApiToken | None:
+        row = await self._fetchone("token_get", {"name": name})
+        return row_to_token(row) if row else None
+
+    async def token_find(self, key_id: str) -> FoundToken | None:
+        row = await self._fetchone("token_find", {"key_id": key_id, "now": self._now()})
+        if row is None:
+            return None
+        return FoundToken(row_to_token(row), cast(datetime, _utc(row["db_now"])))
+
+    async def token_list(self) -> list[ApiToken]:
+        return [row_to_token(r) for r in await self._fetchall("token_list", {})]
+
+    async def token_revoke(self, name: str) -> ApiToken | None:
+        row = await self._fetchone("token_revoke", {"name": name, "now": self._now()})
+        return row_to_token(row) if row else None
+
+    async def token_touch(self, key_id: str) -> None:
+        await self._fetchall("token_touch", {"key_id": key_id, "now": self._now()})
 
     async def db_now(self) -> datetime:
         row = await self._fetchone("db_now", {"now": self._now()})

@@ -643,3 +643,31 @@ RETURNING id, history_seq
 -- name: notify_pending
 -- SQLite has no notifications: workers find adopted executions when they poll
 SELECT 1 AS ok
+
+
+-- ---------------------------------------------------------------------------------------
+-- API tokens (docs/security.md)
+
+-- name: token_create
+INSERT INTO veracity_api_tokens (name, key_id, token_hash, scopes, created_at, expires_at)
+VALUES (:name, :key_id, :token_hash, :scopes, :now, :now + :expires_in_us)
+ON CONFLICT (name) DO NOTHING
+RETURNING *
+
+-- name: token_get
+SELECT * FROM veracity_api_tokens WHERE name = :name
+
+-- name: token_find
+SELECT * FROM veracity_api_tokens WHERE key_id = :key_id
+
+-- name: token_list
+SELECT * FROM veracity_api_tokens ORDER BY created_at, name
+
+-- name: token_revoke
+UPDATE veracity_api_tokens SET revoked_at = :now
+WHERE name = :name AND revoked_at IS NULL
+RETURNING *
+
+-- name: token_touch
+UPDATE veracity_api_tokens SET last_used_at = :now
+WHERE key_id = :key_id AND (last_used_at IS NULL OR last_used_at < :now)

@@ -31,12 +31,15 @@ from veracity.core.states import Status
 from veracity.errors import ConfigError
 from veracity.models import (
     JSON,
+    ApiToken,
     Claim,
     DeploymentRecord,
     Execution,
     ExecutionFilter,
+    FoundToken,
     HistoryEvent,
     ListCursor,
+    NewApiToken,
     NewExecution,
     Submitted,
     TransitionResult,
@@ -144,6 +147,19 @@ def row_to_worker(row: sqlite3.Row) -> WorkerRecord:
         last_heartbeat=from_us(row["last_heartbeat"]),
         stopped_at=from_us(row["stopped_at"]) if row["stopped_at"] is not None else None,
         upgrade_ffqns=json.loads(row["upgrade_ffqns"]),
+    )
+
+
+def row_to_token(row: sqlite3.Row) -> ApiToken:
+    return ApiToken(
+        name=row["name"],
+        key_id=row["key_id"],
+        token_hash=row["token_hash"],
+        scopes=tuple(json.loads(row["scopes"])),
+        created_at=from_us(row["created_at"]),
+        expires_at=_opt_time(row["expires_at"]),
+        revoked_at=_opt_time(row["revoked_at"]),
+        last_used_at=_opt_time(row["last_used_at"]),
     )
 
 
@@ -563,6 +579,52 @@ class SqliteStore(SharedMethods):
     async def deployment_get(self, deployment_id: str) -> DeploymentRecord | None:
         rows = await self._run(self._all, "deployment_get", {"id": deployment_id})
         return _ops.deployment_from(_normalise(rows[0])) if rows else None
+
+    # -- API tokens -----------------------------------------------------------------
+
+    async def token_create(self, new: NewApiToken) -> ApiToken | None:
+        expires_in_us = (new.expires_in // timedelta(microseconds=1)
+                         if new.expires_in is not None else None)
+
+        def work(conn: sqlite3.Connection, now: int) -> ApiToken | None:
+            row = conn.execute(Q["token_create"], {
+                "name": new.name, "key_id": new.key_id, "token_hash": new.token_hash,
+                "scopes": _dumps(list(new.scopes)), "expires_in_us": expires_in_us,
+                "now": now,
+            }).fetchone()
+            return row_to_token(row) if row else None
+
+        return await self._run(self._write, work)
+
+    async def token_get(self, name: str) -> ApiToken | None:
+        rows = await self._run(self._all, "token_get", {"name": name})
+        return row_to_token(rows[0]) if rows else None
+
+    async def token_find(self, key_id: str) -> FoundToken | None:
+        def work() -> FoundToken | None:
+            conn = self._c()
+            row = conn.execute(Q["token_find"], {"key_id": key_id}).fetchone()
+            if row is None:
+                return None
+            return FoundToken(row_to_token(row), from_us(self._now_us(conn)))
+
+        return await self._run(work)
+
+    async def token_list(self) -> list[ApiToken]:
+        return [row_to_token(r) for r in await self._run(self._all, "token_list", {})]
+
+    async def token_revoke(self, name: str) -> ApiToken | None:
+        def work(conn: sqlite3.Connection, now: int) -> ApiToken | None:
+            row = conn.execute(Q["token_revoke"], {"name": name, "now": now}).fetchone()
+            return row_to_token(row) if row else None
+
+        return await self._run(self._write, work)
+
+    async def token_touch(self, key_id: str) -> None:
+        def work(conn: sqlite3.Connection, now: int) -> None:
+            conn.execute(Q["token_touch"], {"key_id": key_id, "now": now})
+
+        await self._run(self._write, work)
 
     async def db_now(self) -> datetime:
         def work() -> int:
