@@ -111,7 +111,7 @@ async def test_the_entries_start_their_workflows(guide: Path, database_url: str)
         assert sorted(event.data) == sorted(documented)
         assert event.data["deployment_id"] == "d-doc"  # the server's; the guide shows a digest
         assert {**event.data, "deployment_id": documented["deployment_id"]} == documented
-        worker = Worker(store, reports.app, settings=WorkerSettings(
+        worker = Worker(store, reports.app, deployment_id="d-doc", settings=WorkerSettings(
             lease_ttl=30, heartbeat_interval=1, poll_interval=0.05, concurrency=4))
         task = asyncio.create_task(worker.run())
         try:

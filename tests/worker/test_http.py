@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests._echo import EchoServer, echo_server
-from tests.durable._support import SETTINGS, get, history, running, submit, wait_status
+from tests.durable._support import DEPLOYMENT, SETTINGS, get, history, running, submit, wait_status
 from veracity import App, Context, RetryPolicy, StepFailed
 from veracity.bindings import Bindings, resolve_http
 from veracity.config import Settings
@@ -183,7 +183,7 @@ async def store(database_url: str) -> AsyncIterator[Store]:
 
 @pytest.fixture
 async def worker(store: Store, bindings: Bindings) -> AsyncIterator[Worker]:
-    w = Worker(store, app, settings=SETTINGS, deployment_id="d-http", http=bindings)
+    w = Worker(store, app, settings=SETTINGS, deployment_id=DEPLOYMENT, http=bindings)
     async with running(w):
         yield w
 
@@ -368,7 +368,7 @@ async def test_no_bindings_refuses_everything(
     store: Store, servers: tuple[EchoServer, EchoServer, EchoServer],
 ) -> None:
     a, _, _ = servers
-    async with running(Worker(store, app, settings=SETTINGS, deployment_id="d-http")):
+    async with running(Worker(store, app, settings=SETTINGS, deployment_id=DEPLOYMENT)):
         done = await run(store, "test:http/fetch.run", "GET", f"{a.origin}/x")
     assert done.status == Status.FAILED
     assert done.error["message"].endswith(
