@@ -28,6 +28,11 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 
+# Documents whose Python example is a script for a running server (it reads the server's
+# address and a token from the environment): run against a real server by their own test.
+RUN_AGAINST_A_SERVER = {"security.md": "test_security_guide.py"}
+
+
 def examples(kind: str) -> list[tuple[Path, str]]:
     out: list[tuple[Path, str]] = []
     for path in DOCS:
@@ -43,7 +48,16 @@ def test_the_documents_have_examples_of_each_kind() -> None:
     assert len(examples("sh")) >= 8
 
 
-@pytest.mark.parametrize("doc", sorted({p for p, _ in examples("python")}),
+def test_server_scripts_are_run_by_their_own_tests() -> None:
+    here = Path(__file__).parent
+    for doc, test in RUN_AGAINST_A_SERVER.items():
+        assert any(p.name == doc for p, _ in examples("python")), doc
+        source = (here / test).read_text()
+        assert f'"{doc}"' in source and 'blocks("python")' in source, (doc, test)
+
+
+@pytest.mark.parametrize("doc", sorted({p for p, _ in examples("python")
+                                        if p.name not in RUN_AGAINST_A_SERVER}),
                          ids=lambda p: p.name)
 def test_python_examples_run(doc: Path, tmp_path: Path) -> None:
     code = "\n\n".join(body for path, body in examples("python") if path == doc)

@@ -27,8 +27,9 @@ from veracity import Context, StepFailed
 from veracity.api import create_api
 from veracity.bindings import resolve_http
 from veracity.config import load_settings
-from veracity.control import ExecutionService
+from veracity.control import ExecutionService, TokenService
 from veracity.core.states import Status
+from veracity.core.tokens import Scope
 from veracity.errors import ConfigError
 from veracity.store import Store, open_store
 from veracity.worker.runner import Worker
@@ -90,8 +91,12 @@ async def test_the_guide_runs(tmp_path: Path, store: Store) -> None:
     port, unbound = free_port(), free_port()
     origin = f"127.0.0.1:{port}"
     config_text, secrets_text = blocks("toml")
+    # a real API token with the scopes docs/security.md gives a retiring step
+    created = await TokenService(store).create(
+        "control", [Scope.EXECUTIONS_READ.value, Scope.EXECUTIONS_CANCEL.value], None)
+    assert "paste-the-token-here" in secrets_text
     secrets = tmp_path / "secrets.toml"
-    secrets.write_text(secrets_text)
+    secrets.write_text(secrets_text.replace("paste-the-token-here", created.token))
     os.chmod(secrets, 0o600)
     config = tmp_path / "veracity.toml"
     config.write_text(config_text.replace(DOC_ORIGIN, origin)
@@ -149,7 +154,7 @@ async def test_the_guide_runs(tmp_path: Path, store: Store) -> None:
         sys.modules.pop("http_guide", None)
 
     path = f"/v1/executions/{target.id}"
-    token = "Bearer paste-the-token-here"
+    token = f"Bearer {created.token}"
     assert seen == [("GET", path, token), ("PUT", f"{path}/cancel", token), ("GET", path, token)]
     assert refusals == [m.replace(DOC_ORIGIN, origin).replace("127.0.0.1:9000",
                                                              f"127.0.0.1:{unbound}")
