@@ -169,7 +169,8 @@ def fault_schedule(seed: int, seconds: float, workers: int, timings: Timings,
         if free >= end:
             continue
         fault = replace(fault, at=free)
-        busy.setdefault(fault.target, []).append((fault.at, fault.at + _span(fault)))
+        for resource in _resources(fault):
+            busy.setdefault(resource, []).append((fault.at, fault.at + _span(fault)))
         out.append(fault)
     out.sort(key=lambda f: (f.at, f.kind, f.target))
     return out
