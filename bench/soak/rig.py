@@ -31,6 +31,7 @@ from bench.soak import schedule as sch
 from bench.soak.app import MARKS_ENV
 from bench.soak.workload import EXTERNAL
 from veracity.testing.fake_n8n import FakeN8n, serve_in_thread
+from veracity.testing.fake_n8n.scripts import CallbackMode
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "soak-n8n-key"
@@ -180,6 +181,10 @@ class Rig:
     faults: list[FaultRecord] = field(default_factory=list)
     t0: float = 0.0
     _stop_fake: Callable[[], None] | None = None
+    _pg_up: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._pg_up.set()  # the database is up but while a pg_restart fault runs
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -195,7 +200,7 @@ class Rig:
     def start(self) -> None:
         self.marks_dir.mkdir(parents=True, exist_ok=True)
         self.say("starting a private PostgreSQL cluster ...")
-        self.cluster = TempCluster(parent=self.folder).start()
+        self.cluster = TempCluster().start()
         # the fake's server logs (a client that hung up, ...) go to a file, not the report
         handler = logging.FileHandler(self.folder / "fake-n8n.log")
         for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
@@ -342,20 +347,32 @@ class Rig:
         return f"pid {worker.pid} stopped"
 
     async def _fault_db_terminate(self, fault: sch.Fault) -> str:
+        """Every connection of the target process ends. It waits for the database to be up
+        (a restart may take longer than its outage) and for the process to hold a
+        connection (a worker just started may not have one yet), each for a few seconds."""
         proc = self.server if fault.target == sch.SERVER else self._worker(fault.target)
         assert proc is not None
-        pid = proc.pid
-        ended = await asyncio.to_thread(terminate_connections, self.database_url,
-                                        tcp_ports_of(pid))
-        return f"{ended} connections of pid {pid} terminated"
+        await asyncio.wait_for(self._pg_up.wait(), timeout=60)
+        deadline = time.monotonic() + 10
+        while True:
+            pid = proc.pid
+            ended = await asyncio.to_thread(terminate_connections, self.database_url,
+                                            tcp_ports_of(pid))
+            if ended or time.monotonic() > deadline:
+                return f"{ended} connections of pid {pid} terminated"
+            await asyncio.sleep(0.5)
 
     async def _fault_pg_restart(self, fault: sch.Fault) -> str:
         assert self.cluster is not None
-        await asyncio.to_thread(self.cluster.halt)
+        self._pg_up.clear()
         try:
-            await asyncio.sleep(fault.seconds)
+            await asyncio.to_thread(self.cluster.halt)
+            try:
+                await asyncio.sleep(fault.seconds)
+            finally:
+                await asyncio.to_thread(self.cluster.resume)
         finally:
-            await asyncio.to_thread(self.cluster.resume)
+            self._pg_up.set()
         return ""
 
     async def _fault_engine_crash(self, fault: sch.Fault) -> str:
@@ -389,7 +406,7 @@ class Rig:
     async def _fault_callbacks_duplicate(self, fault: sch.Fault) -> str:
         return await self._callbacks(fault, "duplicate")
 
-    async def _callbacks(self, fault: sch.Fault, mode: str) -> str:
+    async def _callbacks(self, fault: sch.Fault, mode: CallbackMode) -> str:
         assert self.fake is not None
         by_path = {ext.webhook: ext.script.callback for ext in EXTERNAL.values()}
         paths = {t.run_id: t.path for t in self.fake.truths()}
@@ -398,8 +415,7 @@ class Rig:
             fake.control(run, callback=by_path.get(paths.get(run, ""), "once"))
 
         return await self._for_going_runs(
-            fault, lambda fake, run: fake.control(run, callback=mode),  # type: ignore[arg-type]
-            restore)
+            fault, lambda fake, run: fake.control(run, callback=mode), restore)
 
     async def _for_going_runs(self, fault: sch.Fault, apply: Callable[[FakeN8n, str], None],
                               undo: Callable[[FakeN8n, str], None],
