@@ -30,7 +30,7 @@ def test_a_two_minute_soak_breaks_no_guarantee(tmp_path: Path) -> None:
     report = tmp_path / "soak.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench.soak", "--seed", str(SEED), "--minutes", str(MINUTES),
-         "--workdir", str(tmp_path / "soak"), "--json", str(report)],
+         "--workers", "2", "--workdir", str(tmp_path / "soak"), "--json", str(report)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=840, check=False)
     output = f"{done.stdout[-6000:]}\n{done.stderr[-4000:]}"
     assert report.exists(), output

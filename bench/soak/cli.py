@@ -59,8 +59,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=_number("--minutes", 0.5, 24 * 60), default=10.0,
                    help="how long the workload and the faults run, before the drain "
                    "(default 10)")
-    p.add_argument("--workers", type=_count("--workers", 1, 8), default=2,
-                   help="veracity worker processes (default 2)")
+    p.add_argument("--workers", type=_count("--workers", 1, 8), default=3,
+                   help="veracity worker processes (default 3)")
     p.add_argument("--rate", type=_number("--rate", 0.1, 50), default=2.0,
                    help="top-level submissions a second, on average (default 2)")
     p.add_argument("--settle", type=_number("--settle", 10, 3600), default=180.0,

@@ -44,7 +44,7 @@ SECRETS = {"N8N_API_KEY": API_KEY, "N8N_EMAIL": EMAIL, "N8N_PASSWORD": PASSWORD}
 class Settings:
     """The processes' short intervals (docs/workers.md, docs/external.md)."""
 
-    workers: int = 2
+    workers: int = 3
     concurrency: int = 16
     lease_ttl: float = 4.0
     heartbeat: float = 1.0

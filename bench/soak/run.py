@@ -49,7 +49,7 @@ FLAG_AGE = 10.0
 class Options:
     seed: int
     minutes: float
-    workers: int = 2
+    workers: int = 3
     rate: float = 2.0
     settle: float = 180.0
     folder: Path | None = None
