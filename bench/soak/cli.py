@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -76,6 +77,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if args.schedule_only:
@@ -86,7 +91,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     from bench.soak.run import Options, run
 
-    figures = run(Options(seed=args.seed, minutes=args.minutes, workers=args.workers,
-                          rate=args.rate, settle=args.settle, folder=args.workdir,
-                          json_path=args.json_path))
+    # SIGTERM stops the soak as Ctrl-C does: its processes and its cluster are cleaned up
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        figures = run(Options(seed=args.seed, minutes=args.minutes, workers=args.workers,
+                              rate=args.rate, settle=args.settle, folder=args.workdir,
+                              json_path=args.json_path))
+    except KeyboardInterrupt:
+        print("soak interrupted: its processes and its cluster were stopped", file=sys.stderr)
+        sys.exit(130)
     sys.exit(1 if figures["violations"] else 0)
