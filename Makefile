@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 export VERACITY_APP ?= veracity.examples.shop:app
 
-.PHONY: help install run test lint bench mutation clean
+.PHONY: help install run test lint bench mutation soak clean
 
 help: ## Show the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -36,6 +36,11 @@ bench: $(STAMP) ## Benchmarks (not part of the tests); see bench/README.md
 
 mutation: $(STAMP) ## Mutation testing of the core, recovery, locks, fenced writes, heartbeat (not part of the tests; ~1.5 h; see docs/testing.md)
 	nice -n 10 $(BIN)/python tools/mutation.py $(MODULES)
+
+SEED ?= 1
+MINUTES ?= 10
+soak: $(STAMP) ## The seeded fault soak and its invariant check (SEED=1 MINUTES=10; bench/README.md)
+	$(BIN)/python -m bench.soak --seed $(SEED) --minutes $(MINUTES)
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .mutation
