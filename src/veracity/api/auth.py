@@ -11,10 +11,12 @@ an API token with one scope. A route missing from :data:`ROUTE_ACCESS` stops
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Match
@@ -176,11 +178,13 @@ class TokenAuth:
                         f'Bearer realm="veracity", error="insufficient_scope", '
                         f'scope="{needed.value}"'},
                 **exc.details)
-        except Exception as exc:
+        except (psycopg.OperationalError, sqlite3.OperationalError) as exc:
+            # as every route answers in an outage (api/errors.py): 503 with Retry-After
             log.warning("cannot check the API token for %s: %s", route, exc,
                         extra={"domain": "api"})
             return error_response(503, "database_unavailable",
-                                  "cannot check the API token: the database did not answer")
+                                  "cannot check the API token: the database did not answer",
+                                  headers={"Retry-After": "1"})
         return None
 
 
