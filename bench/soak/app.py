@@ -66,7 +66,9 @@ async def _work(epoch: int, execution_id: str, label: str, seconds: float) -> di
 async def step(ctx: Context, label: str, seconds: float) -> Any:
     """One marked step. The run's lease epoch has no public accessor on Context; the soak
     reads it to tie each mark to the claim that did the work."""
-    epoch: int = ctx._claim.epoch
+    claim = ctx._claim
+    assert claim is not None, "a workflow runs under a claim"
+    epoch: int = claim.epoch
     fn = functools.partial(_work, epoch)
     return await ctx.step(fn, str(ctx.execution_id), label, seconds)
 
