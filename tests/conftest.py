@@ -5,8 +5,10 @@ postgres``); if nothing answers there but PostgreSQL's server binaries exist, a 
 cluster is started for the session; otherwise the run stops with one line saying how to get
 PostgreSQL. The PostgreSQL tests are never skipped silently.
 
-Isolation: a template database is migrated once per session and each test gets its own
-database cloned from it (``pg_url``); SQLite tests get a fresh migrated file (``sqlite_url``).
+Isolation: a template database is migrated once per session (per xdist worker process) and
+each test gets a database in exactly its state (``pg_url``): a clone of it, or a database an
+earlier test of this process used, renamed and reset (tests/_pg.py, ``DatabasePool``). SQLite
+tests get their own copy of a file migrated once per session (``sqlite_url``).
 ``backend`` (parametrized: postgresql, sqlite) runs a test once per backend and names it;
 ``database_url`` is the fresh database of that backend.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import uuid
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,9 +33,9 @@ from tests._pg import (
     DEFAULT_URL,
     URL_ENV,
     ClusterError,
+    DatabasePool,
     TempCluster,
     create_database,
-    create_database_from_template,
     drop_database,
     find_pg_bin_dir,
     server_answers,
@@ -117,23 +120,45 @@ def pg_template(pg_server_url: str) -> Iterator[str]:
         drop_database(pg_server_url, name)
 
 
+@pytest.fixture(scope="session")
+def pg_pool(pg_server_url: str, pg_template: str) -> Iterator[DatabasePool]:
+    """The migrated databases this process hands to its tests, one at a time."""
+    pool = DatabasePool(pg_server_url, pg_template)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
-def pg_url(pg_server_url: str, pg_template: str) -> Iterator[str]:
-    """URL of a fresh, migrated PostgreSQL database for this test only."""
-    name = f"veracity_t_{uuid.uuid4().hex}"
-    create_database_from_template(pg_server_url, name, pg_template)
+def pg_url(pg_server_url: str, pg_pool: DatabasePool) -> Iterator[str]:
+    """URL of a migrated PostgreSQL database for this test only, in exactly the state of
+    the freshly migrated template (a new clone, or a used database reset: ``DatabasePool``);
+    no other test uses it, or can reach it, while this one runs."""
+    name = pg_pool.acquire()
     try:
         yield with_database(pg_server_url, name)
     finally:
-        drop_database(pg_server_url, name)
+        pg_pool.release(name)
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated once per session (closed: no -wal or -shm file beside it)."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "veracity.db"
+    migrate(f"sqlite:///{path}")
+    leftovers = sorted(p.name for p in path.parent.iterdir() if p != path)
+    assert not leftovers, f"the migrated template left {leftovers} beside it"
+    return path
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    """URL of a fresh, migrated SQLite file for this test only."""
-    url = f"sqlite:///{tmp_path}/veracity.db"
-    migrate(url)
-    return url
+def sqlite_url(tmp_path: Path, sqlite_template: Path) -> str:
+    """URL of a migrated SQLite file for this test only: a byte-for-byte copy of the file
+    migrated once per session."""
+    path = tmp_path / "veracity.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(params=["postgresql", "sqlite"], ids=["postgresql", "sqlite"])
