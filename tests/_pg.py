@@ -89,17 +89,23 @@ def free_port() -> int:
         return port
 
 
-def default_cluster_parent() -> Path:
-    """Where throwaway clusters live: ``/dev/shm`` (tmpfs) when it has at least 1 GiB free,
-    as cloning a database there takes ~15 ms instead of hundreds on a slow disk; otherwise
-    the usual temporary folder."""
+def tmpfs_with_room() -> Path | None:
+    """``/dev/shm`` when it is a folder we may write in with at least 1 GiB free (a tmpfs
+    on Linux: files in memory, fsync costs nothing), else ``None``."""
     try:
         st = os.statvfs(_TMPFS)
         if os.access(_TMPFS, os.W_OK | os.X_OK) and st.f_bavail * st.f_frsize >= _TMPFS_MIN_FREE:
             return _TMPFS
     except OSError:
         pass
-    return Path(tempfile.gettempdir())
+    return None
+
+
+def default_cluster_parent() -> Path:
+    """Where throwaway clusters live: ``/dev/shm`` (:func:`tmpfs_with_room`), as cloning a
+    database there takes ~15 ms instead of hundreds on a slow disk; otherwise the usual
+    temporary folder."""
+    return tmpfs_with_room() or Path(tempfile.gettempdir())
 
 
 @dataclass(frozen=True)

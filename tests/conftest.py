@@ -12,6 +12,13 @@ tests get their own copy of a file migrated once per session (``sqlite_url``).
 ``backend`` (parametrized: postgresql, sqlite) runs a test once per backend and names it;
 ``database_url`` is the fresh database of that backend.
 
+Temporary folders (``tmp_path``: SQLite files, worker logs) go to ``/dev/shm`` when it is a
+tmpfs with room and neither ``TMPDIR`` nor ``--basetemp`` says otherwise: the SQLite files are
+as real, but a commit's fsync no longer waits for a disk that other work may be keeping busy.
+
+Under pytest-xdist (``make test``), tests marked ``slow`` (they start several processes) all
+go to one worker (``xdist_group``): two of them never run at the same time.
+
 Fixtures are synchronous (the async store calls run in ``asyncio.run`` on a helper thread) so
 they never touch pytest-asyncio's per-test event loops.
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +47,7 @@ from tests._pg import (
     drop_database,
     find_pg_bin_dir,
     server_answers,
+    tmpfs_with_room,
     with_database,
 )
 
@@ -48,6 +57,39 @@ NO_POSTGRES = (
     "PostgreSQL is needed for the tests: set VERACITY_TEST_DATABASE_URL, start one at "
     "127.0.0.1:5432, or install PostgreSQL's server binaries (apt-get install postgresql)"
 )
+
+
+SLOW_GROUP = "slow"
+"""The xdist_group of every test marked ``slow``."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    chosen = any(os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP"))
+    if config.option.basetemp is None and not chosen:
+        tmpfs = tmpfs_with_room()
+        if tmpfs is not None:
+            tempfile.tempdir = str(tmpfs)  # where tmp_path_factory puts its numbered folders
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group(SLOW_GROUP))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under ``--dist loadgroup`` (in an xdist worker), a slow test whose group did not take
+    fails: xdist sends a test's group to its scheduler as a ``@group`` suffix of the node id,
+    which pytest 9.2's node ids silently lose; slow tests would then run side by side."""
+    if not getattr(item.config.option, "loadgroup", False):
+        return
+    if item.get_closest_marker("slow") is not None and not item.nodeid.endswith(f"@{SLOW_GROUP}"):
+        pytest.fail(
+            f"xdist_group({SLOW_GROUP!r}) did not take: this pytest and pytest-xdist do not "
+            "group tests (see the pytest pin in pyproject.toml)",
+            pytrace=False,
+        )
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
