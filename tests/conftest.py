@@ -50,6 +50,7 @@ from tests._pg import (
     tmpfs_with_room,
     with_database,
 )
+from veracity.clock import ManualClock
 
 T = TypeVar("T")
 
@@ -219,6 +220,12 @@ def database_url(backend: str, request: pytest.FixtureRequest) -> str:
     resolved lazily so a SQLite-only run never needs PostgreSQL)."""
     url: str = request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")
     return url
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A manual clock for the test, shared by every store it opens with ``clock=``."""
+    return ManualClock()
 
 
 @pytest.fixture
