@@ -16,8 +16,10 @@ Temporary folders (``tmp_path``: SQLite files, worker logs) go to ``/dev/shm`` w
 tmpfs with room and neither ``TMPDIR`` nor ``--basetemp`` says otherwise: the SQLite files are
 as real, but a commit's fsync no longer waits for a disk that other work may be keeping busy.
 
-Under pytest-xdist (``make test``), tests marked ``slow`` (they start several processes) all
-go to one worker (``xdist_group``): two of them never run at the same time.
+Under pytest-xdist (``make test``), tests marked ``slow`` (they start several processes and
+wait on them with deadlines of seconds) all go to one worker (``xdist_group``) and each runs
+alone: the other workers start no test until it has ended (``RunLock``). So they run as in a
+serial run, while every other test runs side by side.
 
 Fixtures are synchronous (the async store calls run in ``asyncio.run`` on a helper thread) so
 they never touch pytest-asyncio's per-test event loops.
@@ -26,11 +28,13 @@ they never touch pytest-asyncio's per-test event loops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -91,6 +95,46 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "group tests (see the pytest pin in pyproject.toml)",
             pytrace=False,
         )
+
+
+class RunLock:
+    """A readers-writer lock shared by the xdist workers of one run (``flock`` on two files
+    in *folder*): a test holds it shared, a slow test exclusively. An exclusive holder first
+    takes the turnstile, which new shared holders must pass, so it waits only for the tests
+    already running."""
+
+    def __init__(self, folder: Path) -> None:
+        self.turnstile = folder / "veracity-tests.turnstile"
+        self.lock = folder / "veracity-tests.lock"
+
+    @contextlib.contextmanager
+    def hold(self, *, exclusive: bool) -> Iterator[None]:
+        with self.turnstile.open("a") as turnstile, self.lock.open("a") as lock:
+            if exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_EX)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            else:
+                fcntl.flock(turnstile, fcntl.LOCK_SH)  # waits while a slow test waits or runs
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+                fcntl.flock(lock, fcntl.LOCK_SH)
+            yield  # closing the files releases both
+
+
+def _run_lock(config: pytest.Config) -> RunLock | None:
+    """The run's lock in an xdist worker (its basetemp is ``<the run's>/popen-gwN``), else
+    ``None``: a single process runs one test at a time anyway."""
+    if not hasattr(config, "workerinput") or config.option.basetemp is None:
+        return None
+    return RunLock(Path(config.option.basetemp).parent)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: waiting is not the test's time
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    lock = _run_lock(item.config)
+    if lock is None:
+        return (yield)
+    with lock.hold(exclusive=item.get_closest_marker("slow") is not None):
+        return (yield)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
