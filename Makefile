@@ -28,8 +28,8 @@ lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff check src tests bench tools
 	$(BIN)/mypy
 
-test: lint ## Lint, then the whole test suite (needs PostgreSQL; see README)
-	$(BIN)/python -m pytest
+test: lint ## Lint, then the whole test suite on one process per core (needs PostgreSQL; see README)
+	$(BIN)/python -m pytest -n auto
 
 bench: $(STAMP) ## Benchmarks (not part of the tests); see bench/README.md
 	$(BIN)/python -m bench

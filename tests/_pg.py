@@ -2,8 +2,10 @@
 
 * :func:`server_answers` / :func:`find_pg_bin_dir` decide where the tests get a server.
 * :class:`TempCluster` is a throwaway cluster in a temporary folder on a free port.
-* :func:`create_database_from_template` / :func:`drop_database` give each test its own
-  database, cloned from a template that was migrated once per session.
+* :func:`create_database_from_template` / :func:`drop_database` clone and drop databases.
+* :class:`DatabasePool` hands each test a migrated database: a clone of the template, or one
+  an earlier test of this process used, renamed and reset to exactly the template's state
+  (:func:`database_state` is how "exactly" is checked).
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+import uuid
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,17 +89,23 @@ def free_port() -> int:
         return port
 
 
-def default_cluster_parent() -> Path:
-    """Where throwaway clusters live: ``/dev/shm`` (tmpfs) when it has at least 1 GiB free,
-    as cloning a database there takes ~15 ms instead of hundreds on a slow disk; otherwise
-    the usual temporary folder."""
+def tmpfs_with_room() -> Path | None:
+    """``/dev/shm`` when it is a folder we may write in with at least 1 GiB free (a tmpfs
+    on Linux: files in memory, fsync costs nothing), else ``None``."""
     try:
         st = os.statvfs(_TMPFS)
         if os.access(_TMPFS, os.W_OK | os.X_OK) and st.f_bavail * st.f_frsize >= _TMPFS_MIN_FREE:
             return _TMPFS
     except OSError:
         pass
-    return Path(tempfile.gettempdir())
+    return None
+
+
+def default_cluster_parent() -> Path:
+    """Where throwaway clusters live: ``/dev/shm`` (:func:`tmpfs_with_room`), as cloning a
+    database there takes ~15 ms instead of hundreds on a slow disk; otherwise the usual
+    temporary folder."""
+    return tmpfs_with_room() or Path(tempfile.gettempdir())
 
 
 @dataclass(frozen=True)
@@ -390,3 +402,265 @@ def database_exists(server_url: str, name: str) -> bool:
     with _admin_connect(server_url) as conn:
         row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         return row is not None
+
+
+# -- reusing databases -------------------------------------------------------------------
+
+_USER_NAMESPACE = (
+    "n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'"
+)
+
+# What a test can see of a database besides the rows of its tables: every object of the
+# user schemas, as text (definitions, never OIDs, so that equal databases compare equal).
+_STATE_QUERY = f"""
+SELECT 'schema', n.nspname || ' ' || coalesce(n.nspacl::text, '')
+  FROM pg_namespace n WHERE {_USER_NAMESPACE}
+UNION ALL
+SELECT 'relation', n.nspname || '.' || c.relname || ' ' || c.relkind::text || c.relpersistence::text
+       || ' rls=' || c.relrowsecurity || ' acl=' || coalesce(c.relacl::text, '')
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE {_USER_NAMESPACE}
+UNION ALL
+SELECT 'column', n.nspname || '.' || c.relname || ' #' || a.attnum || ' ' || a.attname || ' '
+       || format_type(a.atttypid, a.atttypmod) || ' notnull=' || a.attnotnull
+       || ' default=' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+  FROM pg_attribute a
+  JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+ WHERE {_USER_NAMESPACE} AND a.attnum > 0 AND NOT a.attisdropped
+UNION ALL
+SELECT 'constraint', n.nspname || '.' || co.conname || ' on ' || co.conrelid::regclass::text
+       || ' ' || pg_get_constraintdef(co.oid)
+  FROM pg_constraint co JOIN pg_namespace n ON n.oid = co.connamespace WHERE {_USER_NAMESPACE}
+UNION ALL
+SELECT 'index', schemaname || '.' || indexname || ' ' || indexdef
+  FROM pg_indexes WHERE schemaname NOT IN ('pg_catalog', 'information_schema')
+UNION ALL
+SELECT 'trigger', pg_get_triggerdef(t.oid) || ' enabled=' || t.tgenabled::text
+  FROM pg_trigger t WHERE NOT t.tgisinternal
+UNION ALL
+SELECT 'function', CASE WHEN p.prokind IN ('f', 'p') THEN pg_get_functiondef(p.oid)
+                        ELSE n.nspname || '.' || p.proname || ' ' || p.prokind::text END
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE {_USER_NAMESPACE}
+UNION ALL
+SELECT 'type', n.nspname || '.' || t.typname || ' ' || t.typtype::text
+  FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE {_USER_NAMESPACE}
+UNION ALL
+SELECT 'enum', t.typname || ' ' || e.enumsortorder || ' ' || e.enumlabel
+  FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
+UNION ALL
+SELECT 'sequence', schemaname || '.' || sequencename || ' ' || concat_ws(' ', start_value,
+       min_value, max_value, increment_by, cycle, cache_size, 'last=' || last_value)
+  FROM pg_sequences
+UNION ALL
+SELECT 'view', schemaname || '.' || viewname || ' ' || definition
+  FROM pg_views WHERE schemaname NOT IN ('pg_catalog', 'information_schema')
+UNION ALL
+SELECT 'rule', schemaname || '.' || rulename || ' ' || definition
+  FROM pg_rules WHERE schemaname NOT IN ('pg_catalog', 'information_schema')
+UNION ALL
+SELECT 'policy', schemaname || '.' || tablename || '.' || policyname || ' ' || cmd || ' '
+       || coalesce(qual, '') || ' ' || coalesce(with_check, '')
+  FROM pg_policies
+UNION ALL
+SELECT 'extension', extname || ' ' || extversion FROM pg_extension
+UNION ALL
+SELECT 'event trigger', evtname || ' ' || evtevent FROM pg_event_trigger
+UNION ALL
+SELECT 'large objects', count(*)::text FROM pg_largeobject_metadata
+UNION ALL
+SELECT 'prepared transactions', count(*)::text FROM pg_prepared_xacts
+ WHERE database = current_database()
+"""
+
+_USER_TABLES = f"""
+SELECT n.nspname, c.relname, pg_relation_size(c.oid) > 0
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE {_USER_NAMESPACE} AND c.relkind = 'r'
+ ORDER BY 1, 2
+"""
+
+
+def _table(schema: str, table: str) -> sql.Identifier:
+    return sql.Identifier(schema, table)
+
+
+def database_state(conn: psycopg.Connection[Any]) -> tuple[list[str], dict[str, str]]:
+    """What a test can see of the database *conn* is connected to: its objects (sorted
+    text lines) and, per table that has rows, a digest of all its rows (a freshly migrated
+    database has rows only in the migrations ledger)."""
+    objects = sorted(
+        f"{kind}: {detail}" for kind, detail in conn.execute(_STATE_QUERY).fetchall()
+    )
+    rows: dict[str, str] = {}
+    for schema, table, has_pages in conn.execute(_USER_TABLES).fetchall():
+        if not has_pages:  # no page at all: no row, live or dead
+            continue
+        query = sql.SQL(
+            "SELECT count(*), md5(coalesce(string_agg(t::text, E'\\n' ORDER BY t::text), ''))"
+            " FROM {} t"
+        ).format(_table(schema, table))
+        count, digest = conn.execute(query).fetchone() or (0, "")
+        if count:
+            rows[f"{schema}.{table}"] = f"{count} rows, md5 {digest}"
+    return objects, rows
+
+
+class DatabasePool:
+    """Migrated databases for the tests of one process, reused from test to test.
+
+    :meth:`acquire` returns the name of a database in exactly the state of *template*
+    (a database migrated once), which no other test uses while it is out. That is a new
+    clone of the template, or a database an earlier test used and gave back
+    (:meth:`release`), which was then, on a helper thread while the next test ran:
+
+    * renamed, after ending every connection to it: a process or connection a test left
+      behind can no more reach it under its old name than it could reach a dropped database
+      (and whatever it wrote before is emptied below);
+    * emptied: every table the template has no rows in is truncated (``RESTART IDENTITY``)
+      if it has a page at all, and every sequence used since is restarted;
+    * checked: its objects and the rows of the template's non-empty tables (the migrations
+      ledger) must be what :func:`database_state` says of the template, and nothing may be
+      set on the database itself (``ALTER DATABASE ... SET``, ``ALLOW_CONNECTIONS``,
+      ``CONNECTION LIMIT``). Otherwise (a test changed the schema, the ledger or the
+      database's settings) it is dropped, and the next test gets a new clone instead.
+
+    Up to *size* databases take turns (one in use while the one before is reset).
+    :meth:`close` drops them all.
+    """
+
+    def __init__(
+        self, server_url: str, template: str, *, prefix: str = "veracity_t", size: int = 2
+    ) -> None:
+        self.server_url = server_url
+        self.template = template
+        self.prefix = prefix
+        self.size = size
+        with psycopg.connect(with_database(server_url, template), autocommit=True) as conn:
+            self._objects, self._rows = database_state(conn)
+        self._kept_tables = set(self._rows)
+        self._lock = threading.Lock()
+        self._names: set[str] = set()  # every database of the pool, under any name it had
+        self._resets: deque[Future[str | None]] = deque()  # released, oldest first
+        self._count = 0  # databases in use, being reset or ready
+        self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="veracity-db-reset")
+        self.cloned = 0
+        self.reused = 0
+
+    def _new_name(self) -> str:
+        name = f"{self.prefix}_{uuid.uuid4().hex}"
+        with self._lock:
+            self._names.add(name)
+        return name
+
+    def acquire(self) -> str:
+        """The name of a database in exactly the template's state, for one test."""
+        done = [f for f in self._resets if f.done()]
+        if done:
+            pick: Future[str | None] | None = done[0]
+        elif self._resets and self._count >= self.size:
+            pick = self._resets[0]
+        else:
+            pick = None
+        if pick is not None:
+            self._resets.remove(pick)
+            try:
+                name = pick.result()
+            except BaseException:
+                self._count -= 1
+                raise
+            if name is not None:
+                self.reused += 1
+                return name
+            self._count -= 1  # it was dropped
+        name = self._new_name()
+        create_database_from_template(self.server_url, name, self.template)
+        self._count += 1
+        self.cloned += 1
+        return name
+
+    def release(self, name: str) -> None:
+        """Give back a database after its test: it is reset on the helper thread."""
+        self._resets.append(self._helper.submit(self._reset, name))
+
+    def close(self) -> None:
+        """Wait for the resets under way, then drop every database of the pool."""
+        self._helper.shutdown(wait=True)
+        self._resets.clear()
+        with self._lock:
+            names = sorted(self._names)
+            self._names.clear()
+        for name in names:
+            drop_database(self.server_url, name)
+        self._count = 0
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _reset(self, name: str) -> str | None:
+        """*name* renamed and reset to the template's state: its new name; ``None`` (and
+        the database dropped) if it cannot be brought back to exactly that state."""
+        new = self._new_name()
+        with _admin_connect(self.server_url) as admin:
+            _rename_when_free(admin, name, new)
+            with self._lock:
+                self._names.discard(name)
+            row = admin.execute(
+                "SELECT d.datallowconn AND d.datconnlimit = -1 AND NOT EXISTS ("
+                " SELECT 1 FROM pg_db_role_setting s WHERE s.setdatabase = d.oid)"
+                " FROM pg_database d WHERE d.datname = %s",
+                (new,),
+            ).fetchone()
+        if row is None or not row[0]:
+            self._drop(new)
+            return None
+        with psycopg.connect(with_database(self.server_url, new), autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = off")  # nothing here needs to survive a crash
+            self._empty(conn)
+            same = database_state(conn) == (self._objects, self._rows)
+        if not same:
+            self._drop(new)
+            return None
+        return new
+
+    def _drop(self, name: str) -> None:
+        drop_database(self.server_url, name)
+        with self._lock:
+            self._names.discard(name)
+
+    def _empty(self, conn: psycopg.Connection[Any]) -> None:
+        used = [
+            _table(schema, table)
+            for schema, table, has_pages in conn.execute(_USER_TABLES).fetchall()
+            if has_pages and f"{schema}.{table}" not in self._kept_tables
+        ]
+        if used:
+            conn.execute(
+                sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(sql.SQL(", ").join(used))
+            )
+        for schema, sequence in conn.execute(
+            "SELECT schemaname, sequencename FROM pg_sequences WHERE last_value IS NOT NULL"
+        ).fetchall():
+            conn.execute(sql.SQL("ALTER SEQUENCE {} RESTART").format(_table(schema, sequence)))
+
+
+def _rename_when_free(
+    admin: psycopg.Connection[Any], name: str, new: str, *, timeout: float = 10.0
+) -> None:
+    """``ALTER DATABASE name RENAME TO new``, ending every connection to it first (again,
+    while one left behind keeps reconnecting)."""
+    query = sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
+        sql.Identifier(name), sql.Identifier(new)
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        )
+        try:
+            admin.execute(query)
+            return
+        except pg_errors.ObjectInUse:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)

@@ -5,10 +5,21 @@ postgres``); if nothing answers there but PostgreSQL's server binaries exist, a 
 cluster is started for the session; otherwise the run stops with one line saying how to get
 PostgreSQL. The PostgreSQL tests are never skipped silently.
 
-Isolation: a template database is migrated once per session and each test gets its own
-database cloned from it (``pg_url``); SQLite tests get a fresh migrated file (``sqlite_url``).
+Isolation: a template database is migrated once per session (per xdist worker process) and
+each test gets a database in exactly its state (``pg_url``): a clone of it, or a database an
+earlier test of this process used, renamed and reset (tests/_pg.py, ``DatabasePool``). SQLite
+tests get their own copy of a file migrated once per session (``sqlite_url``).
 ``backend`` (parametrized: postgresql, sqlite) runs a test once per backend and names it;
 ``database_url`` is the fresh database of that backend.
+
+Temporary folders (``tmp_path``: SQLite files, worker logs) go to ``/dev/shm`` when it is a
+tmpfs with room and neither ``TMPDIR`` nor ``--basetemp`` says otherwise: the SQLite files are
+as real, but a commit's fsync no longer waits for a disk that other work may be keeping busy.
+
+Under pytest-xdist (``make test``), tests marked ``slow`` (they start several processes and
+wait on them with deadlines of seconds) all go to one worker (``xdist_group``) and each runs
+alone: the other workers start no test until it has ended (``RunLock``). So they run as in a
+serial run, while every other test runs side by side.
 
 Fixtures are synchronous (the async store calls run in ``asyncio.run`` on a helper thread) so
 they never touch pytest-asyncio's per-test event loops.
@@ -17,9 +28,13 @@ they never touch pytest-asyncio's per-test event loops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,14 +45,16 @@ from tests._pg import (
     DEFAULT_URL,
     URL_ENV,
     ClusterError,
+    DatabasePool,
     TempCluster,
     create_database,
-    create_database_from_template,
     drop_database,
     find_pg_bin_dir,
     server_answers,
+    tmpfs_with_room,
     with_database,
 )
+from veracity.clock import ManualClock
 
 T = TypeVar("T")
 
@@ -45,6 +62,79 @@ NO_POSTGRES = (
     "PostgreSQL is needed for the tests: set VERACITY_TEST_DATABASE_URL, start one at "
     "127.0.0.1:5432, or install PostgreSQL's server binaries (apt-get install postgresql)"
 )
+
+
+SLOW_GROUP = "slow"
+"""The xdist_group of every test marked ``slow``."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    chosen = any(os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP"))
+    if config.option.basetemp is None and not chosen:
+        tmpfs = tmpfs_with_room()
+        if tmpfs is not None:
+            tempfile.tempdir = str(tmpfs)  # where tmp_path_factory puts its numbered folders
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group(SLOW_GROUP))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under ``--dist loadgroup`` (in an xdist worker), a slow test whose group did not take
+    fails: xdist sends a test's group to its scheduler as a ``@group`` suffix of the node id,
+    which pytest 9.2's node ids silently lose; slow tests would then run side by side."""
+    if not getattr(item.config.option, "loadgroup", False):
+        return
+    if item.get_closest_marker("slow") is not None and not item.nodeid.endswith(f"@{SLOW_GROUP}"):
+        pytest.fail(
+            f"xdist_group({SLOW_GROUP!r}) did not take: this pytest and pytest-xdist do not "
+            "group tests (see the pytest pin in pyproject.toml)",
+            pytrace=False,
+        )
+
+
+class RunLock:
+    """A readers-writer lock shared by the xdist workers of one run (``flock`` on two files
+    in *folder*): a test holds it shared, a slow test exclusively. An exclusive holder first
+    takes the turnstile, which new shared holders must pass, so it waits only for the tests
+    already running."""
+
+    def __init__(self, folder: Path) -> None:
+        self.turnstile = folder / "veracity-tests.turnstile"
+        self.lock = folder / "veracity-tests.lock"
+
+    @contextlib.contextmanager
+    def hold(self, *, exclusive: bool) -> Iterator[None]:
+        with self.turnstile.open("a") as turnstile, self.lock.open("a") as lock:
+            if exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_EX)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            else:
+                fcntl.flock(turnstile, fcntl.LOCK_SH)  # waits while a slow test waits or runs
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+                fcntl.flock(lock, fcntl.LOCK_SH)
+            yield  # closing the files releases both
+
+
+def _run_lock(config: pytest.Config) -> RunLock | None:
+    """The run's lock in an xdist worker (its basetemp is ``<the run's>/popen-gwN``), else
+    ``None``: a single process runs one test at a time anyway."""
+    if not hasattr(config, "workerinput") or config.option.basetemp is None:
+        return None
+    return RunLock(Path(config.option.basetemp).parent)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: waiting is not the test's time
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    lock = _run_lock(item.config)
+    if lock is None:
+        return (yield)
+    with lock.hold(exclusive=item.get_closest_marker("slow") is not None):
+        return (yield)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -117,23 +207,45 @@ def pg_template(pg_server_url: str) -> Iterator[str]:
         drop_database(pg_server_url, name)
 
 
+@pytest.fixture(scope="session")
+def pg_pool(pg_server_url: str, pg_template: str) -> Iterator[DatabasePool]:
+    """The migrated databases this process hands to its tests, one at a time."""
+    pool = DatabasePool(pg_server_url, pg_template)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
-def pg_url(pg_server_url: str, pg_template: str) -> Iterator[str]:
-    """URL of a fresh, migrated PostgreSQL database for this test only."""
-    name = f"veracity_t_{uuid.uuid4().hex}"
-    create_database_from_template(pg_server_url, name, pg_template)
+def pg_url(pg_server_url: str, pg_pool: DatabasePool) -> Iterator[str]:
+    """URL of a migrated PostgreSQL database for this test only, in exactly the state of
+    the freshly migrated template (a new clone, or a used database reset: ``DatabasePool``);
+    no other test uses it, or can reach it, while this one runs."""
+    name = pg_pool.acquire()
     try:
         yield with_database(pg_server_url, name)
     finally:
-        drop_database(pg_server_url, name)
+        pg_pool.release(name)
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated once per session (closed: no -wal or -shm file beside it)."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "veracity.db"
+    migrate(f"sqlite:///{path}")
+    leftovers = sorted(p.name for p in path.parent.iterdir() if p != path)
+    assert not leftovers, f"the migrated template left {leftovers} beside it"
+    return path
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    """URL of a fresh, migrated SQLite file for this test only."""
-    url = f"sqlite:///{tmp_path}/veracity.db"
-    migrate(url)
-    return url
+def sqlite_url(tmp_path: Path, sqlite_template: Path) -> str:
+    """URL of a migrated SQLite file for this test only: a byte-for-byte copy of the file
+    migrated once per session."""
+    path = tmp_path / "veracity.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(params=["postgresql", "sqlite"], ids=["postgresql", "sqlite"])
@@ -152,6 +264,12 @@ def database_url(backend: str, request: pytest.FixtureRequest) -> str:
     resolved lazily so a SQLite-only run never needs PostgreSQL)."""
     url: str = request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")
     return url
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A manual clock for the test, shared by every store it opens with ``clock=``."""
+    return ManualClock()
 
 
 @pytest.fixture

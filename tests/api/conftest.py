@@ -9,23 +9,18 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from tests._helpers import store_fixture
 from veracity.api import create_api
 from veracity.control import ExecutionService
 from veracity.examples import shop
 from veracity.models import ExecutionFilter
-from veracity.store import Store, open_store
+from veracity.store import Store
 
 MAX_PAYLOAD = 2048
 DEPLOYMENT = "d-test"
 
 
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(database_url)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = store_fixture()
 
 
 @pytest.fixture

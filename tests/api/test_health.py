@@ -21,22 +21,17 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests._helpers import pg_store_fixture
 from tests.api.conftest import DEPLOYMENT
 from veracity.api import create_api
 from veracity.control import ExecutionService
 from veracity.examples import shop
-from veracity.store import Store, open_store
+from veracity.store import Store
 
 HEALTH_TIMEOUT = 1.0
 
 
-@pytest.fixture
-async def pg_store(pg_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(pg_url)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+pg_store = pg_store_fixture()
 
 
 @pytest.fixture

@@ -1,19 +1,25 @@
 """Helpers shared by the durable-engine tests: a worker run in-process as an asyncio task,
-the API in-process over httpx's ASGI transport, and short poll loops."""
+the API in-process over httpx's ASGI transport, and short poll loops (those every folder
+uses come from tests/_helpers.py and are re-exported here)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 
+from tests._helpers import events as events
+from tests._helpers import get as get
+from tests._helpers import history as history
+from tests._helpers import kinds as kinds
+from tests._helpers import until as until
+from tests._helpers import wait_status as wait_status
 from veracity.app import App
 from veracity.config import WorkerSettings
-from veracity.core.states import Status
 from veracity.models import JSON, Execution, HistoryEvent, NewExecution
 from veracity.store import Store
 from veracity.worker.runner import Worker
@@ -23,51 +29,6 @@ SETTINGS = WorkerSettings(
 )
 DEPLOYMENT = "d-engine-tests"
 MAX_PAYLOAD = 2048
-
-
-async def until(
-    check: Callable[[], Awaitable[Any]], *, timeout: float = 10.0, what: str = "condition"
-) -> Any:
-    """Poll ``check`` until it returns something truthy; return that."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-async def get(store: Store, execution_id: uuid.UUID) -> Execution:
-    found = await store.execution_get(execution_id)
-    assert found is not None, f"execution {execution_id} does not exist"
-    return found
-
-
-async def wait_status(
-    store: Store, execution_id: uuid.UUID, *statuses: Status, timeout: float = 10.0
-) -> Execution:
-    async def check() -> Execution | None:
-        ex = await store.execution_get(execution_id)
-        return ex if ex is not None and ex.status in statuses else None
-
-    got: Execution = await until(
-        check, timeout=timeout, what=f"{execution_id} to be {'/'.join(statuses)}")
-    return got
-
-
-async def history(store: Store, execution_id: uuid.UUID) -> list[HistoryEvent]:
-    return await store.history_list(execution_id, limit=10_000)
-
-
-async def kinds(store: Store, execution_id: uuid.UUID) -> list[str]:
-    return [e.kind for e in await history(store, execution_id)]
-
-
-async def events(store: Store, execution_id: uuid.UUID, kind: str) -> list[HistoryEvent]:
-    return [e for e in await history(store, execution_id) if e.kind == kind]
 
 
 async def wait_kind(

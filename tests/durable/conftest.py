@@ -10,20 +10,14 @@ import pytest
 from fastapi import FastAPI
 
 from tests import workflows
+from tests._helpers import store_fixture
 from tests.durable._support import DEPLOYMENT, MAX_PAYLOAD, make_worker
 from veracity.api import create_api
 from veracity.control import ExecutionService
-from veracity.store import Store, open_store
+from veracity.store import Store
 from veracity.worker.runner import Worker
 
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(database_url, pool_size=6)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = store_fixture(pool_size=6)
 
 
 @pytest.fixture

@@ -25,12 +25,13 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import pytest
 
+from tests._helpers import get, history, store_fixture
 from tests.durable._procs import (
     ENGINE_ENV,
     PARENTS_APP,
@@ -47,7 +48,7 @@ from tests.durable._procs import (
 from veracity._ids import new_execution_id
 from veracity.core.states import Status
 from veracity.models import JSON, Execution, HistoryEvent, NewExecution
-from veracity.store import Store, open_store
+from veracity.store import Store
 
 SLEEP = "test:sleep/run.fn"
 PARENT = "test:parent/run.fn"
@@ -65,13 +66,7 @@ SHUTDOWN_REASON = "worker shutting down"  # veracity.worker.runner.SHUTDOWN_REAS
 # -- fixtures and helpers ---------------------------------------------------------------------
 
 
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[Store]:
-    s = await open_store(database_url, pool_size=8)
-    try:
-        yield s
-    finally:
-        await s.close()
+db = store_fixture(pool_size=8, name="db")
 
 
 @pytest.fixture
@@ -92,16 +87,6 @@ async def submit(db: Store, ffqn: str, *params: JSON) -> uuid.UUID:
     done = await db.execution_submit(NewExecution(
         ffqn=ffqn, params=list(params), deployment_id=DEPLOYMENT, id=new_execution_id()))
     return done.execution.id
-
-
-async def get(db: Store, ident: uuid.UUID) -> Execution:
-    found = await db.execution_get(ident)
-    assert found is not None, ident
-    return found
-
-
-async def history(db: Store, ident: uuid.UUID) -> list[HistoryEvent]:
-    return await db.history_list(ident, limit=10_000)
 
 
 def of_kind(events: Sequence[HistoryEvent], kind: str) -> list[HistoryEvent]:

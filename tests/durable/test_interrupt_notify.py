@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 
 from tests import workflows
+from tests._helpers import pg_store_fixture
 from tests.durable._procs import Processes, WorkerProcess, registered, wait_until
 from tests.durable._support import DEPLOYMENT, events, get, history, kinds, submit
 from veracity.control import ExecutionService
 from veracity.core.states import Status
 from veracity.models import Execution
-from veracity.store import Store, open_store
+from veracity.store import Store
 from veracity.worker.context import STEP_COMPLETED
 
 TICKER = "test:ticker/tick.run-cancellable"
@@ -32,13 +32,7 @@ SLOW_HEARTBEAT = {"VERACITY_LEASE_TTL": "120", "VERACITY_HEARTBEAT_INTERVAL": "6
 PROMPT = 3.0  # seconds: "at once", with room for a loaded machine
 
 
-@pytest.fixture
-async def store(pg_url: str) -> AsyncIterator[Store]:
-    s = await open_store(pg_url, pool_size=4)
-    try:
-        yield s
-    finally:
-        await s.close()
+store = pg_store_fixture(pool_size=4, name="store")
 
 
 @pytest.fixture

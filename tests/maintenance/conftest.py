@@ -7,24 +7,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from tests._helpers import clocked_store_fixture
 from veracity.clock import ManualClock
 from veracity.store import Store, open_store
 
 StoreFactory = Callable[[], Awaitable[Store]]
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-async def store(database_url: str, clock: ManualClock) -> AsyncIterator[Store]:
-    opened = await open_store(database_url, clock=clock, pool_size=2)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = clocked_store_fixture(pool_size=2)
 
 
 @pytest.fixture

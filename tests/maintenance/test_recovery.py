@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._helpers import get
 from tests.maintenance.conftest import StoreFactory
 from veracity.clock import ManualClock
 from veracity.core.states import Status
@@ -39,12 +40,6 @@ async def claim_all(
 ) -> list[Claim]:
     claimed = await store.execution_claim(owner, [FFQN], limit=limit, lease_ttl=ttl)
     return [Claim(e.id, owner, e.lease_epoch) for e in claimed]
-
-
-async def get(store: Store, execution_id: uuid.UUID) -> Execution:
-    ex = await store.execution_get(execution_id)
-    assert ex is not None
-    return ex
 
 
 class Metrics:

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from tests._helpers import store_fixture
 from tests.reconciler._support import (
     CLOSED_URL,
     DEPLOYMENT,
@@ -57,13 +58,7 @@ def fake_url(fake: FakeN8n) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(database_url, pool_size=4)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = store_fixture(pool_size=4)
 
 
 MakeRig = Callable[..., Awaitable[Rig]]

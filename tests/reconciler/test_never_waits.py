@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests._helpers import pg_store_fixture
 from tests.reconciler._support import (
     FAST,
     FAST_LIMIT,
@@ -36,7 +36,7 @@ from tests.reconciler._support import (
 from veracity.adapters.n8n import N8nEngine
 from veracity.core.states import Status
 from veracity.maintenance.reconciler import ReconcilerService
-from veracity.store import Store, open_store
+from veracity.store import Store
 from veracity.testing.fake_n8n import Script
 
 pytestmark = pytest.mark.timeout(60)
@@ -149,13 +149,7 @@ async def pg_backends(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]
     return [dict(zip(names, row, strict=True)) for row in await cur.fetchall()]
 
 
-@pytest.fixture
-async def pg_store(pg_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(pg_url, pool_size=4)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+pg_store = pg_store_fixture(pool_size=4)
 
 
 async def test_no_transaction_is_open_while_the_tick_waits_on_the_engine(

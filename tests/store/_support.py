@@ -18,6 +18,7 @@ from typing import Any, LiteralString
 
 import psycopg
 
+from tests._helpers import get as get
 from veracity.core.states import Status
 from veracity.models import Claim, Execution, HistoryEvent, NewExecution
 from veracity.store import Store
@@ -196,12 +197,6 @@ async def claim_exactly(
     claimed = await store.execution_claim(owner, [ex.ffqn], limit=10, lease_ttl=ttl)
     assert [c.id for c in claimed] == [execution_id], claimed
     return Claim(execution_id, owner, claimed[0].lease_epoch)
-
-
-async def get(store: Store, execution_id: uuid.UUID) -> Execution:
-    ex = await store.execution_get(execution_id)
-    assert ex is not None
-    return ex
 
 
 async def assert_history_intact(

@@ -13,24 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from tests._helpers import clocked_store_fixture
 from tests._pg import create_database, drop_database, with_database
 from tests.store._support import RawSQL, StoreFactory
 from veracity.clock import Clock, ManualClock
 from veracity.store import Store, open_store
 
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-async def store(database_url: str, clock: ManualClock) -> AsyncIterator[Store]:
-    opened = await open_store(database_url, clock=clock)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = clocked_store_fixture()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from tests._helpers import get
 from tests.store._support import (
     DB_ERRORS,
     RawSQL,
@@ -20,7 +21,7 @@ from tests.store._support import (
 )
 from veracity.clock import ManualClock
 from veracity.core.states import Status
-from veracity.models import Claim, Execution, WorkerInfo
+from veracity.models import Claim, WorkerInfo
 from veracity.store import Store, open_store
 
 TTL = timedelta(seconds=30)
@@ -39,12 +40,6 @@ async def claim_again(store: Store, owner: str, ffqn: str = FFQN) -> Claim:
     """Claim the one pending execution of ``ffqn`` (released or recovered earlier)."""
     (e,) = await store.execution_claim(owner, [ffqn], limit=1, lease_ttl=TTL)
     return Claim(e.id, owner, e.lease_epoch)
-
-
-async def get(store: Store, execution_id: uuid.UUID) -> Execution:
-    ex = await store.execution_get(execution_id)
-    assert ex is not None
-    return ex
 
 
 # -- execution_complete_many_if_owned -----------------------------------------------------

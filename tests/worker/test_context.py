@@ -15,17 +15,17 @@ import random
 import re
 import threading
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from tests._helpers import clocked_store_fixture, history
 from veracity.clock import ManualClock
 from veracity.core.retry import RetryPolicy
 from veracity.core.states import Status
 from veracity.models import Claim, Execution, HistoryEvent, NewExecution
-from veracity.store import Store, open_store
+from veracity.store import Store
 from veracity.worker.context import (
     STEP_COMPLETED,
     STEP_FAILED,
@@ -44,18 +44,7 @@ OWNER = "worker-ctx"
 FAST = RetryPolicy(max_attempts=3, initial_delay=0)
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-async def store(database_url: str, clock: ManualClock) -> AsyncIterator[Store]:
-    opened = await open_store(database_url, clock=clock, pool_size=2)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = clocked_store_fixture(pool_size=2)
 
 
 async def submit(store: Store) -> Execution:
@@ -87,10 +76,6 @@ async def ctx(store: Store) -> Context:
     await submit(store)
     ex, c = await claim(store)
     return make_ctx(store, ex, c)
-
-
-async def history(store: Store, execution_id: uuid.UUID) -> list[HistoryEvent]:
-    return await store.history_list(execution_id, limit=10_000)
 
 
 async def journal_events(store: Store, execution_id: uuid.UUID) -> list[HistoryEvent]:

@@ -19,7 +19,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests._helpers import history, store_fixture
 from tests._needs import missing
 from tests.worker._procs import Processes, WorkerProcess, veracity_bin, wait_until, worker_env
 from tests.workflows import count_marks
@@ -47,13 +48,7 @@ TERMINAL = {Status.COMPLETED, Status.FAILED, Status.FAILED_TRANSIENT, Status.CAN
 # -- fixtures and helpers ---------------------------------------------------------------------
 
 
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    s = await open_store(database_url, pool_size=8)
-    try:
-        yield s
-    finally:
-        await s.close()
+store = store_fixture(pool_size=8)
 
 
 def is_pg(url: str) -> bool:
@@ -108,10 +103,6 @@ async def executions(store: Store, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, 
 
 async def all_status(store: Store, ids: Sequence[uuid.UUID], status: Status) -> bool:
     return all(e.status == status for e in (await executions(store, ids)).values())
-
-
-async def history(store: Store, ident: uuid.UUID) -> list[HistoryEvent]:
-    return await store.history_list(ident, limit=10_000)
 
 
 async def recover_until(store: Store, ids: Sequence[uuid.UUID], status: Status,
@@ -694,7 +685,6 @@ async def test_worker_with_unreachable_database_retries_quietly(procs: Processes
     assert "127.0.0.1:1" in said[0]["message"] or "database" in said[0]["message"], said
     a.terminate()
     assert await a.wait(10) == 0, a.describe()
-
 
 
 # -- 9. a transient database error in a checkpoint --------------------------------------------

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from tests._helpers import get, history, store_fixture
 from tests._pg import create_database_from_template, drop_database, with_database
-from tests.durable._support import get, history
 from tests.worker._procs import DEPLOYMENT, Processes, WorkerProcess, wait_until
 from tests.workflows import count_marks
 from veracity.core.states import Status
@@ -37,13 +37,7 @@ LAST_WRITE = "test:lastwrite/run.fn"
 TTL = 1.5  # the lease TTL of _procs.FAST_ENV
 
 
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    s = await open_store(database_url, pool_size=8)
-    try:
-        yield s
-    finally:
-        await s.close()
+store = store_fixture(pool_size=8)
 
 
 async def submit(store: Store, ffqn: str, params: list[Any]) -> uuid.UUID:

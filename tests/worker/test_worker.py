@@ -20,13 +20,14 @@ from typing import Any
 
 import pytest
 
+from tests._helpers import events, kinds, store_fixture, until, wait_status
 from veracity import App, Context, RetryPolicy
 from veracity._ids import new_execution_id
 from veracity.clock import ManualClock
 from veracity.config import WorkerSettings
 from veracity.core.states import Status
 from veracity.maintenance.recovery import RecoveryService
-from veracity.models import JSON, Claim, Execution, HistoryEvent, NewExecution, TransitionResult
+from veracity.models import JSON, Claim, Execution, NewExecution, TransitionResult
 from veracity.store import Store, open_store
 from veracity.worker.context import STEP_COMPLETED, step_name
 from veracity.worker.runner import SHUTDOWN_REASON, Completer, RateLimitedLog, Run, Worker
@@ -160,45 +161,13 @@ def state() -> None:
     RUNNING.update(now=0, max=0)
 
 
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(database_url, pool_size=4)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = store_fixture(pool_size=4)
 
 
 async def submit(store: Store, ffqn: str, *params: JSON) -> Execution:
     new = NewExecution(ffqn=ffqn, params=list(params), deployment_id=DEPLOYMENT,
                        id=new_execution_id())  # ordered, like the service's ids
     return (await store.execution_submit(new)).execution
-
-
-async def until(
-    check: Callable[[], Awaitable[Any]], *, timeout: float = 8.0, what: str = "condition"
-) -> Any:
-    """Poll ``check`` until it returns something truthy; return that."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-async def wait_status(
-    store: Store, execution_id: uuid.UUID, *statuses: Status, timeout: float = 8.0
-) -> Execution:
-    async def check() -> Execution | None:
-        ex = await store.execution_get(execution_id)
-        return ex if ex is not None and ex.status in statuses else None
-
-    got: Execution = await until(check, timeout=timeout, what=f"{execution_id} {statuses}")
-    return got
 
 
 async def wait_run(worker: Worker, execution_id: uuid.UUID) -> Run:
@@ -208,14 +177,6 @@ async def wait_run(worker: Worker, execution_id: uuid.UUID) -> Run:
 
     got: Run = await until(check, what=f"a run of {execution_id}")
     return got
-
-
-async def kinds(store: Store, execution_id: uuid.UUID) -> list[str]:
-    return [e.kind for e in await store.history_list(execution_id)]
-
-
-async def events(store: Store, execution_id: uuid.UUID, kind: str) -> list[HistoryEvent]:
-    return [e for e in await store.history_list(execution_id) if e.kind == kind]
 
 
 def make_worker(

@@ -13,14 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.worker.test_worker import (
-    DEPLOYMENT,
-    SETTINGS,
-    events,
-    running,
-    submit,
-    wait_status,
-)
+from tests._helpers import events, wait_status
+from tests.worker.test_worker import DEPLOYMENT, SETTINGS, running, submit
 from veracity import App, Context, RetryPolicy
 from veracity.core.states import Status
 from veracity.models import ExecutionFilter
