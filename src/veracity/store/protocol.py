@@ -124,6 +124,12 @@ class JournalStore(Protocol):
     """What a running workflow's Context touches: its journal, children, waits and
     messages, each write fenced by the claim (owner, epoch, unexpired lease)."""
 
+    async def history_list(
+        self, execution_id: uuid.UUID, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[HistoryEvent]:
+        """History events in order of ``seq`` (a write whose answer was lost is looked
+        for here before it is written again)."""
+
     async def execution_children(
         self, parent_id: uuid.UUID, join_set: str | None = None
     ) -> tuple[list[Execution], int]:

@@ -20,14 +20,22 @@ import random
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overload
 
 from veracity.bindings import redact_json, redact_text
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
 from veracity.core.retry import RetryPolicy
-from veracity.models import JSON, Claim, HistoryEvent, NewExecution, TransitionResult
+from veracity.models import (
+    JSON,
+    Claim,
+    HistoryEvent,
+    Message,
+    NewExecution,
+    Taken,
+    TransitionResult,
+)
 from veracity.worker.errors import (
     ChildFailed,
     ExecutionInterrupted,
@@ -101,6 +109,10 @@ __all__ = [
     "step_name",
     "to_json_value",
 ]
+
+PARKED_KINDS = frozenset({"blocked", "pending", "paused", "cancelled"})
+"""The state events a durable wait ends a run with (blocked, or at once woken, parked by a
+pause or stopped by a cancel), each naming the claim that wrote it."""
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -198,8 +210,11 @@ class Context:
         checkpoint: Callable[[Claim, str, JSON], Awaitable[TransitionResult]] | None = None,
         retry: int = 0,
         http: HttpClient | None = None,
+        claimed_seq: int = 0,
     ) -> None:
         self._store = store
+        # the history's length when this run was claimed: what this claim writes comes after
+        self._claimed_seq = claimed_seq
         self._http = http
         # a workflow retry starts afresh: the ids of its children, schedules and join sets
         # must not be those of an earlier try's (docs/workflows.md)
@@ -415,7 +430,7 @@ class Context:
                 return await store.execution_checkpoint_if_owned(claim, kind, data)
             return await store.execution_spawn_if_owned(claim, [], pending)
 
-        outcome = await self._retrying(write)
+        outcome = await self._retrying(write, landed=self._written(pending))
         self._unwritten.clear()
         self._unwritten_children.clear()
         if not outcome.applied:
@@ -423,17 +438,52 @@ class Context:
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")
 
-    async def _retrying(self, write: Callable[[], Awaitable[R]]) -> R:
+    async def _retrying(self, write: Callable[[], Awaitable[R]],
+                        landed: Callable[[], Awaitable[R | None]] | None = None) -> R:
+        """``write`` until it answers, while the lease can still be valid. A write whose
+        answer was lost (the connection died after the commit) may have landed: before
+        writing again, ``landed`` looks for it in the history, so that nothing this run
+        records is recorded twice (docs/workers.md)."""
         delay = 0.05
+        in_doubt = False
         while True:
             try:
+                if in_doubt and landed is not None:
+                    found = await landed()
+                    if found is not None:
+                        return found
                 return await write()
             except Exception as exc:
                 if not self._lease_valid():
                     self.interrupt("checkpoint failed")
                     raise ExecutionInterrupted("checkpoint failed") from exc
+                in_doubt = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+    async def _since_claim(self) -> list[HistoryEvent]:
+        """What the history holds after this run was claimed."""
+        store, _ = self._db()
+        return await store.history_list(self.execution_id, after_seq=self._claimed_seq,
+                                        limit=100_000)
+
+    def _written(self, events: list[tuple[str, JSON]]
+                 ) -> Callable[[], Awaitable[TransitionResult | None]]:
+        """Whether journal ``events``, written in one transaction, are in the history since
+        this claim (their last one is: its position is unique within a claim)."""
+        kind, data = events[-1]
+        pos = data.get("pos") if isinstance(data, dict) else None
+
+        async def landed() -> TransitionResult | None:
+            if pos is None:
+                return None
+            for ev in await self._since_claim():
+                if ev.kind == kind and isinstance(ev.data, Mapping) \
+                        and ev.data.get("pos") == pos:
+                    return TransitionResult(True, None, "written before its answer was lost")
+            return None
+
+        return landed
 
     # -- positions, time, and the durable waits ------------------------------------------
 
@@ -520,8 +570,18 @@ class Context:
             await self._flush()  # the block statement writes events, not executions
         pending = [*self._unwritten, *events]
         store, claim = self._db()
+        async def parked() -> TransitionResult | None:
+            # a block whose answer was lost may have landed: this claim's own state event
+            for ev in await self._since_claim():
+                if ev.kind in PARKED_KINDS and isinstance(ev.data, Mapping) \
+                        and ev.data.get("owner") == claim.owner \
+                        and ev.data.get("epoch") == claim.epoch:
+                    return TransitionResult(True, None, "written before its answer was lost")
+            return None
+
         outcome = await self._retrying(lambda: store.execution_block_if_owned(
-            claim, wake_at=wake_at, seen_signal=seen, events=pending, reason=reason))
+            claim, wake_at=wake_at, seen_signal=seen, events=pending, reason=reason),
+            landed=parked)
         self._unwritten.clear()
         if not outcome.applied:
             self.interrupt("lease_lost")
@@ -590,7 +650,8 @@ class Context:
         children = [*self._unwritten_children, child]
         store, claim = self._db()
         outcome = await self._retrying(
-            lambda: store.execution_spawn_if_owned(claim, children, pending))
+            lambda: store.execution_spawn_if_owned(claim, children, pending),
+            landed=self._written(pending))
         self._unwritten.clear()
         self._unwritten_children.clear()
         if not outcome.applied:
@@ -687,8 +748,21 @@ class Context:
         if self._unwritten:
             await self._flush()
         store, claim = self._db()
+        async def received() -> Taken | None:
+            # a take whose answer was lost may have consumed a message: it is this one
+            for ev in await self._since_claim():
+                if ev.kind == MESSAGE_RECEIVED and isinstance(ev.data, Mapping) \
+                        and ev.data.get("pos") == pos:
+                    return Taken(True, Message(
+                        id=int(cast(int, ev.data.get("message_id"))),
+                        execution_id=self.execution_id, topic=topic,
+                        payload=ev.data.get("payload"), created_at=ev.at, consumed_at=ev.at,
+                        consumed_pos=pos), self._signal_seq)
+            return None
+
         taken = await self._retrying(
-            lambda: store.execution_take_message_if_owned(claim, topic, pos))
+            lambda: store.execution_take_message_if_owned(claim, topic, pos),
+            landed=received)
         if not taken.applied:
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")
@@ -709,7 +783,8 @@ class Context:
         children = list(self._unwritten_children)
         store, claim = self._db()
         outcome = await self._retrying(
-            lambda: store.execution_spawn_if_owned(claim, children, pending))
+            lambda: store.execution_spawn_if_owned(claim, children, pending),
+            landed=self._written(pending) if pending else None)
         self._unwritten.clear()
         self._unwritten_children.clear()
         if not outcome.applied:

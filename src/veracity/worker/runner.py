@@ -35,6 +35,7 @@ from veracity.app import App, WorkflowDef
 from veracity.bindings import Bindings, redact_text
 from veracity.config import WorkerSettings
 from veracity.core.requests import InterruptKind
+from veracity.core.states import Status
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
 from veracity.store.protocol import WorkerStore
 from veracity.worker.context import (
@@ -441,6 +442,7 @@ class Worker:
                 signal_seq=execution.signal_seq,
                 checkpoint=self._checkpointer.checkpoint,
                 retry=run.retries,
+                claimed_seq=execution.history_seq,
                 http=self.http,
             )
             run.ctx = ctx
@@ -590,11 +592,17 @@ class Worker:
         """A final write (complete/fail), retried through database trouble for as long as
         our lease can still be valid; after that, lease recovery owns the execution."""
         delay = 0.05
+        in_doubt = False
         while True:
             try:
+                if in_doubt and await self._ended_by(claim):
+                    # the write whose answer was lost had landed: writing it again would
+                    # be refused and kept as a late report of our own exit
+                    return TransitionResult(True, None, "written before its answer was lost")
                 result: TransitionResult = await attempt()
                 return result
             except Exception as exc:
+                in_doubt = True
                 deadline = self._lease_deadline.get(claim.execution_id, 0.0)
                 if time.monotonic() + delay >= deadline:
                     self._trouble.warning(
@@ -604,6 +612,20 @@ class Worker:
                 self._trouble.warning("db", "write failed, retrying: %s", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    async def _ended_by(self, claim: Claim) -> bool:
+        """Whether the history holds a state event written by this claim since it was
+        claimed: every exit from running names the owner and epoch that wrote it."""
+        state_kinds = {str(status) for status in Status}
+        run = self.runs.get(claim.execution_id)
+        since = run.execution.history_seq if run is not None else 0
+        for ev in await self.store.history_list(claim.execution_id, after_seq=since,
+                                                limit=100_000):
+            if ev.kind in state_kinds and isinstance(ev.data, Mapping) \
+                    and ev.data.get("owner") == claim.owner \
+                    and ev.data.get("epoch") == claim.epoch:
+                return True
+        return False
 
     # -- leases ---------------------------------------------------------------------------------
 
