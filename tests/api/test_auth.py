@@ -100,7 +100,7 @@ async def test_no_token_is_401_and_nothing_is_written(
     "Bearer garbage",
     "Bearer " + new_secret().token,
     "bearer " + new_secret().token,  # the scheme is case-insensitive (RFC 7235)
-])
+], ids=["unknown-key-id", "garbage", "new-token", "lowercase-scheme"])  # stable under xdist
 async def test_an_unknown_token_is_401(secured: httpx.AsyncClient, store: Store,
                                        header: str) -> None:
     await token(store, Scope.ADMIN)  # a token exists, just not this one
