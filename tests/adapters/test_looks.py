@@ -23,6 +23,7 @@ from veracity.adapters.base import (
     StopResult,
 )
 from veracity.adapters.looks import Look, Looker
+from veracity.config import Settings
 from veracity.core.reconcile import Action, EngineState, FlagKind, OperatorEnd, StopCause, WriteKind
 from veracity.core.states import Status
 from veracity.models import Execution
@@ -328,3 +329,22 @@ async def test_a_cancel_records_when_it_was_asked() -> None:
 async def test_an_execution_never_triggered_records_no_limit_verdict() -> None:
     result = await look(ScriptedEngine([FINISHED]), execution(triggered_at=None), limit=BREACHED)
     assert result.action is not None and "limit_breached" not in result.action.data
+
+
+async def test_a_looks_options_are_named() -> None:
+    """``before_stop`` and ``by`` are keyword-only: a bare callable or name in a call could
+    not say which it is."""
+    with pytest.raises(TypeError):
+        await looker(ScriptedEngine()).look(execution(), NOW, None, "ada")  # type: ignore[call-arg]
+    result = await looker(ScriptedEngine([FINISHED])).look(e=execution(), now=NOW, by="ada")
+    assert result.action is not None and result.action.data["by"] == "ada"
+
+
+def test_a_looker_without_options_waits_as_long_as_the_configured_default() -> None:
+    """The engine timeout a look uses when none is given (an operator's resolve without a
+    configured looker, the Python API) is ``reconciler.engine_timeout``'s default, 10 s
+    (docs/external.md), and so is the trigger grace of an engine none was given for (0)."""
+    default = Looker({}, {})
+    assert default.engine_timeout == Settings().reconciler.engine_timeout == 10.0
+    assert default.stop_flag_after == Settings().reconciler.stop_flag_after
+    assert default.trigger_grace == {}
