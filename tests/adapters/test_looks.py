@@ -332,8 +332,12 @@ async def test_an_execution_never_triggered_records_no_limit_verdict() -> None:
 
 
 async def test_a_looks_options_are_named() -> None:
-    """``before_stop`` and ``by`` are keyword-only: a bare callable or name in a call could
-    not say which it is."""
+    """``before_stop`` and ``by`` are keyword-only, as are a looker's options after its
+    engines and limits: a bare callable, name or number in a call could not say which it
+    is."""
+    with pytest.raises(TypeError):
+        Looker({}, {}, 5.0)  # type: ignore[call-arg]
+    assert Looker({}, {}, engine_timeout=5.0).engine_timeout == 5.0
     with pytest.raises(TypeError):
         await looker(ScriptedEngine()).look(execution(), NOW, None, "ada")  # type: ignore[call-arg]
     result = await looker(ScriptedEngine([FINISHED])).look(e=execution(), now=NOW, by="ada")

@@ -841,6 +841,18 @@ async def test_reconcile_flag(store: Store, clock: ManualClock) -> None:
         "stop_unconfirmed")
     events = await assert_history_consistent(store, eid)
     assert kinds(events)[-2:] == ["flagged", "flagged"]
+    # a new reason alone (the same kind) replaces the old one too ...
+    reworded = flag_action(eid, "run-1", "cancel requested; the engine did not confirm the stop",
+                           kind=FlagKind.STOP_UNCONFIRMED)
+    assert await store.execution_reconcile_apply([reworded]) == [reworded]
+    assert (await get(store, eid)).flag_reason == reworded.reason
+    # ... and so does a new kind alone (the same words)
+    rekinded = flag_action(eid, "run-1", reworded.reason, kind=FlagKind.UNKNOWN_ID)
+    assert await store.execution_reconcile_apply([rekinded]) == [rekinded]
+    assert (await get(store, eid)).flag_kind == "unknown_id"
+    assert await store.execution_reconcile_apply([newer]) == [newer]  # back as it was
+    events = await assert_history_consistent(store, eid)
+    assert kinds(events)[-3:] == ["flagged", "flagged", "flagged"]
 
     # the engine finds the run again: the flag is cleared, the run goes on
     at3 = clock.advance(10)
@@ -877,6 +889,12 @@ async def test_reconcile_flag_without_id_keeps_the_first_reason(
     later = flag_action(eid, None, "no external id after 60s")
     assert await store.execution_reconcile_apply([later, first]) == []
     await assert_unchanged(store, eid, before)
+    # the kept reason skips only its own execution: the rest of the page is applied
+    other = await delegated(store)
+    theirs = flag_action(other, None, "no external id after 60s")
+    assert await store.execution_reconcile_apply([later, theirs]) == [theirs]
+    await assert_unchanged(store, eid, before)
+    assert (await get(store, other)).flag_kind == "no_external_id"
     ex = await get(store, eid)
     assert (ex.flagged_at, ex.flag_reason, ex.flag_kind) == (
         at, "the trigger's outcome is unknown", "trigger_unknown")
