@@ -900,6 +900,28 @@ async def test_reconcile_flag_without_id_keeps_the_first_reason(
         at, "the trigger's outcome is unknown", "trigger_unknown")
 
 
+async def test_actions_with_nothing_to_change_skip_only_their_own_execution(
+    store: Store
+) -> None:
+    """In one page, a flag an execution already carries and the clearing of a flag an
+    execution does not carry change nothing, and the actions after them still apply."""
+    flagged = await attached(store, "run-a")
+    same = flag_action(flagged, "run-a", "engine says: unknown run")
+    assert await store.execution_reconcile_apply([same]) == [same]
+    unflagged = await attached(store, "run-c")
+    nothing_to_clear = ReconcileAction(unflagged, "run-c", WriteKind.UNFLAG, "found", {})
+    last = await attached(store, "run-b")
+    new_flag = flag_action(last, "run-b", "engine says: unknown run")
+    before = [await snapshot(store, eid) for eid in (flagged, unflagged)]
+
+    assert await store.execution_reconcile_apply([same, nothing_to_clear, new_flag]) == [
+        new_flag]
+
+    for eid, snap in zip((flagged, unflagged), before, strict=True):
+        await assert_unchanged(store, eid, snap)
+    assert (await get(store, last)).flag_kind == "unknown_id"
+
+
 SKIPS = ["other_id", "id_now_known", "id_expected_none_missing", "ended", "plain_running",
          "pending", "unknown"]
 
