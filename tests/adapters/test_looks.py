@@ -36,6 +36,7 @@ RUN = "run-7"
 RUNNING = Inspection(EngineState.RUNNING, status="running")
 FINISHED = Inspection(EngineState.FINISHED, status="canceled", stopped_at="2030-01-01T12:00:00Z")
 
+
 @dataclass
 class ScriptedEngine:
     """Answers ``inspect`` and ``stop`` from scripts (the last answer repeats); an exception
