@@ -315,3 +315,22 @@ async def test_the_docs_list_every_metric_a_server_serves(rig: Rig,
     assert isinstance(registry, CollectorRegistry)
     answer = await client.get("/metrics")
     assert served_families(answer.text) == documented_metrics()
+
+
+async def test_a_worker_whose_metrics_port_is_taken_refuses_to_start(
+    procs: Any, sqlite_url: str
+) -> None:
+    import socket
+
+    from tests.worker._procs import veracity_bin
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = procs.worker(sqlite_url, "w1",
+                              argv=[veracity_bin(), "worker", "--metrics-port", str(port)])
+        assert worker.proc.wait(timeout=30) != 0
+    err = worker.stderr_text()
+    assert f"worker.metrics_port: cannot listen on 127.0.0.1:{port}" in err, err
+    assert "Traceback" not in err, err
