@@ -119,6 +119,9 @@ class ExecutionOut(BaseModel):
     retry_of: str | None = Field(
         default=None, description="For a retry (PUT .../retry): the failed execution it "
         "retries")
+    started_at: datetime | None = Field(
+        default=None, description="When a worker first claimed it (kept across later "
+        "claims); null if it never ran")
     waiting_reason: str | None = Field(
         default=None, description="Why a pending execution is not being run (if known)"
     )
@@ -172,6 +175,7 @@ class ExecutionOut(BaseModel):
             end_request=e.end_request,
             end_requested_at=e.end_requested_at,
             retry_of=str(e.retry_of) if e.retry_of else None,
+            started_at=e.started_at,
             waiting_reason=waiting_reason,
         )
 
