@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from veracity._ids import new_execution_id, parse_execution_id
 from veracity.adapters.looks import Look, Looker
 from veracity.core.cron import CronEntry
-from veracity.core.deployments import Coverage, LiveWorker
+from veracity.core.deployments import Coverage, LiveWorker, is_live
 from veracity.core.ffqn import (
     CANCELLABLE_SUFFIX,
     InvalidFfqn,
@@ -356,8 +356,10 @@ class ExecutionService:
     async def workers(self, *, limit: int = 1000) -> list[WorkerView]:
         records = await self.store.worker_list(limit=limit)
         now = await self.store.db_now()
-        return [WorkerView(r, r.stopped_at is None and now - r.last_heartbeat <= self.live_within)
-                for r in records]
+        return [WorkerView(r, is_live(
+            stopped_at=r.stopped_at, last_heartbeat=r.last_heartbeat,
+            heartbeat_interval=r.heartbeat_interval, now=now, live_within=self.live_within))
+            for r in records]
 
     async def crons(self) -> list[CronView]:
         """Each configured cron entry with its last slot, the execution that slot started

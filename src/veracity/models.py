@@ -157,6 +157,9 @@ class WorkerInfo:
     upgrade_ffqns: list[str] = field(default_factory=list)
     """The workflows of ``ffqns`` it claims from every deployment (registered with
     ``upgrade="auto"``); the others only from its own deployment."""
+    heartbeat_interval: float | None = None
+    """Seconds between its heartbeats: it is not live once a beat is late by more than
+    two intervals (:func:`veracity.core.deployments.is_live`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +174,8 @@ class WorkerRecord:
     last_heartbeat: datetime
     stopped_at: datetime | None
     upgrade_ffqns: list[str] = field(default_factory=list)
+    heartbeat_interval: float | None = None
+    """Seconds between its heartbeats; None for a worker that did not record it."""
 
 
 @dataclass(frozen=True, slots=True)

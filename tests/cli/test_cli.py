@@ -337,11 +337,11 @@ def test_workers_lists_registered_workers(database_url: str, tmp_path: Path) -> 
     for item, w in zip(listed["items"], registered, strict=True):
         assert set(item) == {"id", "host", "pid", "deployment_id", "workflows",
                              "upgrade_auto", "concurrency", "started_at", "last_heartbeat",
-                             "stopped_at", "live"}, item
+                             "stopped_at", "heartbeat_interval", "live"}, item
         assert (item["host"], item["pid"], item["deployment_id"], item["workflows"],
-                item["concurrency"], item["live"]) == (
+                item["concurrency"], item["heartbeat_interval"], item["live"]) == (
             w.info.host, w.info.pid, w.info.deployment_id, w.info.ffqns,
-            w.info.concurrency, w.live)
+            w.info.concurrency, w.info.heartbeat_interval, w.live)
         assert datetime.fromisoformat(item["started_at"]) == w.started_at
         assert datetime.fromisoformat(item["last_heartbeat"]) == w.started_at
         stopped = item["stopped_at"]

@@ -212,7 +212,11 @@ class WorkerOut(BaseModel):
     started_at: datetime
     last_heartbeat: datetime
     stopped_at: datetime | None
-    live: bool
+    heartbeat_interval: float | None = Field(
+        description="Seconds between its heartbeats (null: not recorded by the worker)")
+    live: bool = Field(
+        description="Not stopped, and its next heartbeat late by at most two heartbeat "
+        "intervals (never more than the lease TTL): docs/workers.md")
 
     @classmethod
     def of(cls, view: WorkerView) -> WorkerOut:
@@ -220,7 +224,8 @@ class WorkerOut(BaseModel):
         return cls(id=r.id, host=r.host, pid=r.pid, deployment_id=r.deployment_id,
                    workflows=r.ffqns, upgrade_auto=r.upgrade_ffqns,
                    concurrency=r.concurrency, started_at=r.started_at,
-                   last_heartbeat=r.last_heartbeat, stopped_at=r.stopped_at, live=view.live)
+                   last_heartbeat=r.last_heartbeat, stopped_at=r.stopped_at,
+                   heartbeat_interval=r.heartbeat_interval, live=view.live)
 
 
 class WorkerPage(BaseModel):

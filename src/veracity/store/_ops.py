@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from veracity.core.deployments import Coverage, LiveWorker
+from veracity.core.deployments import Coverage, LiveWorker, is_live
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
 from veracity.core.recovery import Expired, decide_recovery
 from veracity.core.requests import CallbackOutcome, CallbackReport, InterruptKind, ResolveAction
@@ -914,7 +914,10 @@ def _coverage(live_within: timedelta, deployment_id: str | None, now: datetime |
     rows = yield Query("worker_live", {
         "live_within": live_within, "deployment_id": deployment_id, "now": now})
     return Coverage(LiveWorker(r["deployment_id"], frozenset(r["ffqns"]),
-                               frozenset(r["upgrade_ffqns"])) for r in rows)
+                               frozenset(r["upgrade_ffqns"])) for r in rows
+                    if is_live(stopped_at=r["stopped_at"], last_heartbeat=r["last_heartbeat"],
+                               heartbeat_interval=r["heartbeat_interval"],
+                               now=r["db_now"], live_within=live_within))
 
 
 def deployments(live_within: timedelta, now: datetime | None) -> Op:

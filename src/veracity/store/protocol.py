@@ -105,8 +105,9 @@ class ReadStore(Protocol):
     async def deployment_list(self, *, live_within: timedelta) -> list[DeploymentSummary]:
         """Every deployment the registry knows, newest first (``first_seen``), then those
         that only unfinished executions carry (by id), each with its unfinished executions
-        by status, its live workers (not stopped, a heartbeat within ``live_within``) and
-        how many of its executions are stranded (:mod:`veracity.core.deployments`)."""
+        by status, its live workers (:func:`veracity.core.deployments.is_live`, each at
+        most ``live_within`` after its last heartbeat) and how many of its executions are
+        stranded (:mod:`veracity.core.deployments`)."""
 
 
 class DelegatedWrites(Protocol):

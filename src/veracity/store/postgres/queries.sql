@@ -246,16 +246,16 @@ WITH seen AS (
     ON CONFLICT (id) DO UPDATE SET last_seen = greatest(d.last_seen, EXCLUDED.last_seen)
 )
 INSERT INTO veracity_workers (
-    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, started_at,
-    last_heartbeat)
+    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, heartbeat_interval,
+    started_at, last_heartbeat)
 VALUES (
     %(id)s, %(host)s, %(pid)s, %(deployment_id)s, %(ffqns)s, %(upgrade_ffqns)s,
-    %(concurrency)s, coalesce(%(now)s::timestamptz, now()),
+    %(concurrency)s, %(heartbeat_interval)s, coalesce(%(now)s::timestamptz, now()),
     coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (id) DO UPDATE SET
     host = EXCLUDED.host, pid = EXCLUDED.pid, deployment_id = EXCLUDED.deployment_id,
     ffqns = EXCLUDED.ffqns, upgrade_ffqns = EXCLUDED.upgrade_ffqns,
-    concurrency = EXCLUDED.concurrency,
+    concurrency = EXCLUDED.concurrency, heartbeat_interval = EXCLUDED.heartbeat_interval,
     last_heartbeat = EXCLUDED.last_heartbeat, stopped_at = NULL
 RETURNING *
 
@@ -775,8 +775,11 @@ WHERE deployment_id = %(id)s AND status IN ('pending', 'running', 'blocked', 'pa
 LIMIT 1
 
 -- name: worker_live
--- workers with a fresh heartbeat that did not stop (as control.py's live_within)
-SELECT deployment_id, ffqns, upgrade_ffqns FROM veracity_workers
+-- the workers that may be live: not stopped, a heartbeat within live_within (the lease
+-- TTL); core.deployments.is_live decides, from the heartbeat interval, which are
+SELECT deployment_id, ffqns, upgrade_ffqns, stopped_at, last_heartbeat, heartbeat_interval,
+       coalesce(%(now)s::timestamptz, now()) AS db_now
+FROM veracity_workers
 WHERE stopped_at IS NULL
   AND last_heartbeat >= coalesce(%(now)s::timestamptz, now()) - %(live_within)s::interval
   AND (%(deployment_id)s::text IS NULL OR deployment_id = %(deployment_id)s::text)

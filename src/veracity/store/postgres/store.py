@@ -91,6 +91,7 @@ def row_to_worker(row: Row) -> WorkerRecord:
         last_heartbeat=cast(datetime, _utc(row["last_heartbeat"])),
         stopped_at=_utc(row["stopped_at"]),
         upgrade_ffqns=row["upgrade_ffqns"],
+        heartbeat_interval=row["heartbeat_interval"],
     )
 
 
@@ -493,6 +494,7 @@ class PostgresStore(SharedMethods):
                 "ffqns": Json(info.ffqns),
                 "upgrade_ffqns": Json(info.upgrade_ffqns),
                 "concurrency": info.concurrency,
+                "heartbeat_interval": info.heartbeat_interval,
                 "now": self._now(),
             },
         )

@@ -174,13 +174,14 @@ RETURNING *
 
 -- name: worker_register
 INSERT INTO veracity_workers (
-    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, started_at,
-    last_heartbeat)
-VALUES (:id, :host, :pid, :deployment_id, :ffqns, :upgrade_ffqns, :concurrency, :now, :now)
+    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, heartbeat_interval,
+    started_at, last_heartbeat)
+VALUES (:id, :host, :pid, :deployment_id, :ffqns, :upgrade_ffqns, :concurrency,
+        :heartbeat_interval, :now, :now)
 ON CONFLICT (id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, deployment_id = excluded.deployment_id,
     ffqns = excluded.ffqns, upgrade_ffqns = excluded.upgrade_ffqns,
-    concurrency = excluded.concurrency,
+    concurrency = excluded.concurrency, heartbeat_interval = excluded.heartbeat_interval,
     last_heartbeat = excluded.last_heartbeat, stopped_at = NULL
 RETURNING *
 
@@ -619,7 +620,10 @@ WHERE deployment_id = :id AND status IN ('pending', 'running', 'blocked', 'pause
 LIMIT 1
 
 -- name: worker_live
-SELECT deployment_id, ffqns, upgrade_ffqns FROM veracity_workers
+-- the workers that may be live (core.deployments.is_live decides which are)
+SELECT deployment_id, ffqns, upgrade_ffqns, stopped_at, last_heartbeat, heartbeat_interval,
+       :now AS db_now
+FROM veracity_workers
 WHERE stopped_at IS NULL
   AND last_heartbeat >= :now - :live_within
   AND (:deployment_id IS NULL OR deployment_id = :deployment_id)

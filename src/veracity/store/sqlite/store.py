@@ -147,6 +147,7 @@ def row_to_worker(row: sqlite3.Row) -> WorkerRecord:
         last_heartbeat=from_us(row["last_heartbeat"]),
         stopped_at=from_us(row["stopped_at"]) if row["stopped_at"] is not None else None,
         upgrade_ffqns=json.loads(row["upgrade_ffqns"]),
+        heartbeat_interval=row["heartbeat_interval"],
     )
 
 
@@ -552,7 +553,8 @@ class SqliteStore(SharedMethods):
                 {"id": info.id, "host": info.host, "pid": info.pid,
                  "deployment_id": info.deployment_id, "ffqns": _dumps(info.ffqns),
                  "upgrade_ffqns": _dumps(info.upgrade_ffqns),
-                 "concurrency": info.concurrency, "now": now},
+                 "concurrency": info.concurrency,
+                 "heartbeat_interval": info.heartbeat_interval, "now": now},
             ).fetchone()
             return row_to_worker(row)
 
@@ -690,7 +692,7 @@ TIME_COLUMNS = frozenset({
     "cancel_requested_at", "pause_requested_at", "at", "consumed_at", "started_at",
     "last_heartbeat", "stopped_at", "triggered_at", "flagged_at", "end_requested_at",
     "first_seen_at", "last_slot_at", "slot_at", "fired_at",
-    "first_seen", "last_seen",
+    "first_seen", "last_seen", "db_now",
 })
 JSON_COLUMNS = frozenset({"params", "result", "error", "data", "payload", "ffqns",
                           "upgrade_ffqns", "end_request"})
