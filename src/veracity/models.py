@@ -144,6 +144,21 @@ class LeaseSettings:
     ttl: timedelta = field(default=timedelta(seconds=120))
 
 
+WAIT_EVENT_KINDS = ("blocked", "paused", "pause_requested")
+"""The history events that say what an unfinished execution waits for, and who paused it."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitRecord:
+    """What the history and the children of one execution say about its wait (for its
+    ``waiting_reason``: :mod:`veracity.core.waiting`)."""
+
+    events: dict[str, JSON] = field(default_factory=dict)
+    """The data of its newest event of each kind in :data:`WAIT_EVENT_KINDS` it has."""
+    children: dict[str | None, tuple[int, list[uuid.UUID]]] = field(default_factory=dict)
+    """Its unfinished children by join set: how many, and the oldest few of them."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """What a worker says about itself when it registers."""

@@ -100,6 +100,8 @@ async def open_runtime(settings: Settings, *, migrate: bool = False,
             live_within=timedelta(seconds=settings.worker.lease_ttl),
             looker=build_looker(settings, external, adapters),
             crons=crons,
+            recovery_interval=timedelta(seconds=settings.recovery.interval),
+            max_attempts=settings.recovery.max_attempts,
         )
     except BaseException:
         await close_engines(adapters)

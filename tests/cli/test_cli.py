@@ -157,6 +157,14 @@ def test_commands_on_a_real_database(database_url: str, tmp_path: Path) -> None:
     assert table_field(got, "status") == "pending"
     assert table_field(got, "ffqn") == ORDERS
     assert stable(ok_json(second["get-json"])) == stable(keyed)
+    # why each waits (no worker is registered here): in get, get --json and list
+    assert table_field(got, "waiting") == f"no live worker runs {ORDERS}"
+    assert ok_json(second["get-json"])["waiting_reason"] == (
+        f"scheduled for 2030-01-01T00:00:00Z; no live worker runs {MAIL}")
+    notes = {line.split()[0]: line for line in ok(second["list"]).splitlines()[1:]}
+    assert notes[order_id].endswith(f"no live worker runs {ORDERS}"), notes
+    assert notes[keyed["id"]].endswith(
+        f"scheduled for 2030-01-01T00:00:00Z; no live worker runs {MAIL}"), notes
 
     listing = ok(second["list"]).splitlines()
     assert listing[0].split()[:6] == ["ID", "FFQN", "STATUS", "ATTEMPT", "CREATED", "AT"]

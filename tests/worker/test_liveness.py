@@ -65,6 +65,12 @@ async def test_a_worker_killed_with_9_is_not_live_after_two_missed_beats(
             items = (await client.get("/v1/deployments")).json()["items"]
             return int(next(d["live_workers"] for d in items if d["id"] == DEPLOYMENT))
 
+        async def reason() -> str:
+            response = await client.get(f"/v1/executions/{held.id}")
+            assert response.status_code == 200, response.text
+            text: str = response.json()["waiting_reason"]
+            return text
+
         async def running() -> str | None:
             e = await store.execution_get(held.id)
             assert a.alive, a.describe()
@@ -76,6 +82,7 @@ async def test_a_worker_killed_with_9_is_not_live_after_two_missed_beats(
         assert (await workers())[owner]["live"] is True
         assert (await workers())[owner]["heartbeat_interval"] == BEAT
         assert await live_deployment() == 1
+        assert (await reason()).startswith(f"held by worker {owner} whose last heartbeat was")
         assert [w["live"] for w in await cli_workers(database_url) if w["id"] == owner] == [True]
 
         a.kill9()
@@ -88,6 +95,8 @@ async def test_a_worker_killed_with_9_is_not_live_after_two_missed_beats(
         # about three intervals (0.9 s) after its last beat, not the lease's 60 s
         assert time.monotonic() - killed_at < 10
         assert await live_deployment() == 0
+        assert (await reason()).startswith(
+            f"held by worker {owner}, not live (its last heartbeat was ")
         assert [w["live"] for w in await cli_workers(database_url) if w["id"] == owner] == [
             False]
         e = await store.execution_get(held.id)

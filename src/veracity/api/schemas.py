@@ -120,7 +120,10 @@ class ExecutionOut(BaseModel):
         default=None, description="For a retry (PUT .../retry): the failed execution it "
         "retries")
     waiting_reason: str | None = Field(
-        default=None, description="Why a pending execution is not being run (if known)"
+        default=None, description="Why an unfinished execution is not finished yet, in "
+        "words (asleep until T, waiting for a message or children, paused by whom, held by "
+        "which worker and what recovery will do, scheduled for T, no live worker for it); "
+        "null once terminal: docs/states.md"
     )
     elided: dict[str, int] | None = Field(
         default=None,

@@ -49,6 +49,7 @@ from veracity.models import (
     Submitted,
     Taken,
     TransitionResult,
+    WaitRecord,
     WorkerInfo,
     WorkerRecord,
 )
@@ -91,6 +92,13 @@ class ReadStore(Protocol):
         """History events in order of ``seq``."""
 
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]: ...
+
+    async def execution_waits(self, ids: Sequence[uuid.UUID], *, shown_children: int = 5
+                              ) -> dict[uuid.UUID, WaitRecord]:
+        """For each id (an unknown one included): the data of its newest history event of
+        each kind in :data:`veracity.models.WAIT_EVENT_KINDS`, and its unfinished
+        children by join set (how many, and the ``shown_children`` oldest), in a fixed
+        number of statements however many ids."""
 
     async def execution_flag_counts(self) -> dict[str, int]:
         """How many executions carry each flag kind (terminal forced ones included)."""

@@ -805,3 +805,29 @@ RETURNING id, history_seq
 -- name: notify_pending
 -- adopted pending executions are due for the new deployment's workers: wake them
 SELECT pg_notify('veracity_pending', '')
+
+-- name: history_newest_of_kinds
+-- the newest event of each kind of each execution (what it waits for: core.waiting); one
+-- index probe backwards per execution and kind
+SELECT i.id AS execution_id, h.kind, h.data
+FROM unnest(%(ids)s::uuid[]) AS i(id)
+CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
+CROSS JOIN LATERAL (
+    SELECT kind, data FROM veracity_history
+    WHERE execution_id = i.id AND kind = k.kind
+    ORDER BY seq DESC
+    LIMIT 1
+) h
+
+-- name: execution_unfinished_children
+-- the unfinished children of each execution by join set: how many, and the oldest few
+SELECT parent_id, join_set, id, n FROM (
+    SELECT parent_id, join_set, id, created_at,
+           row_number() OVER (PARTITION BY parent_id, join_set ORDER BY created_at, id) AS rn,
+           count(*) OVER (PARTITION BY parent_id, join_set) AS n
+    FROM veracity_executions
+    WHERE parent_id = ANY (%(ids)s::uuid[])
+      AND status IN ('pending', 'running', 'blocked', 'paused')
+) c
+WHERE rn <= %(shown)s
+ORDER BY parent_id, join_set, created_at, id

@@ -675,3 +675,26 @@ RETURNING *
 -- name: token_touch
 UPDATE veracity_api_tokens SET last_used_at = :now
 WHERE key_id = :key_id AND (last_used_at IS NULL OR last_used_at < :now)
+
+-- name: history_newest_of_kinds
+-- the newest event of each kind of each execution (what it waits for: core.waiting)
+SELECT h.execution_id, h.kind, h.data
+FROM (SELECT i.value AS id, k.value AS kind,
+             (SELECT x.seq FROM veracity_history x
+              WHERE x.execution_id = i.value AND x.kind = k.value
+              ORDER BY x.seq DESC LIMIT 1) AS seq
+      FROM json_each(:ids) i, json_each(:kinds) k) m
+JOIN veracity_history h ON h.execution_id = m.id AND h.seq = m.seq
+
+-- name: execution_unfinished_children
+-- the unfinished children of each execution by join set: how many, and the oldest few
+SELECT parent_id, join_set, id, n FROM (
+    SELECT parent_id, join_set, id, created_at,
+           row_number() OVER (PARTITION BY parent_id, join_set ORDER BY created_at, id) AS rn,
+           count(*) OVER (PARTITION BY parent_id, join_set) AS n
+    FROM veracity_executions
+    WHERE parent_id IN (SELECT value FROM json_each(:ids))
+      AND status IN ('pending', 'running', 'blocked', 'paused')
+) c
+WHERE rn <= :shown
+ORDER BY parent_id, join_set, created_at, id

@@ -31,6 +31,7 @@ from veracity.core.states import Status
 from veracity.errors import ConfigError
 from veracity.models import (
     JSON,
+    WAIT_EVENT_KINDS,
     ApiToken,
     Claim,
     DeploymentRecord,
@@ -43,6 +44,7 @@ from veracity.models import (
     NewExecution,
     Submitted,
     TransitionResult,
+    WaitRecord,
     WorkerInfo,
     WorkerRecord,
 )
@@ -569,6 +571,23 @@ class SqliteStore(SharedMethods):
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
         rows = await self._run(self._all, "worker_list", {"limit": limit})
         return [row_to_worker(r) for r in rows]
+
+    async def execution_waits(self, ids: Sequence[uuid.UUID], *, shown_children: int = 5
+                              ) -> dict[uuid.UUID, WaitRecord]:
+        if not ids:
+            return {}
+        ids = list(dict.fromkeys(ids))
+        params = {"ids": _dumps([str(i) for i in ids]), "kinds": _dumps(WAIT_EVENT_KINDS),
+                  "shown": shown_children}
+
+        def work() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            conn = self._c()
+            return ([_normalise(r) for r in conn.execute(Q["history_newest_of_kinds"], params)],
+                    [_normalise(r) for r in conn.execute(Q["execution_unfinished_children"],
+                                                         params)])
+
+        events, children = await self._run(work)
+        return _ops.waits_from(ids, events, children)
 
     async def deployment_seen(self, deployment_id: str) -> DeploymentRecord:
         def work(conn: sqlite3.Connection, now: int) -> DeploymentRecord:
