@@ -14,6 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import WithJsonSchema
 
 from veracity.api.auth import ROUTE_ACCESS, TokenAuth, check_routes, declare_security
+from veracity.api.docs import install_docs
 from veracity.api.errors import error_response, install_error_handlers
 from veracity.api.limits import BodySizeLimit, JsonBodies
 from veracity.api.openapi import finish_document
@@ -125,7 +126,10 @@ def create_api(
         version="0.1.0",
         description="Durable workflow executions that never lie about their state.",
         lifespan=lifespan or no_lifespan,
+        docs_url=None,  # served offline by install_docs (api/docs.py)
+        redoc_url=None,
     )
+    install_docs(app)
     if service is not None:
         app.state.service = service
     install_error_handlers(app)
