@@ -339,6 +339,7 @@ class Worker:
             ffqns=self.ffqns,
             concurrency=self.settings.concurrency,
             upgrade_ffqns=self.upgrade_ffqns,
+            heartbeat_interval=self.settings.effective_heartbeat_interval,
         )
         delay = 0.1
         while not self._stopping.is_set():

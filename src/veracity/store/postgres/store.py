@@ -24,6 +24,7 @@ from veracity.clock import Clock
 from veracity.core.states import Status
 from veracity.models import (
     JSON,
+    WAIT_EVENT_KINDS,
     ApiToken,
     Claim,
     DeploymentRecord,
@@ -36,6 +37,7 @@ from veracity.models import (
     NewExecution,
     Submitted,
     TransitionResult,
+    WaitRecord,
     WorkerInfo,
     WorkerRecord,
 )
@@ -91,6 +93,7 @@ def row_to_worker(row: Row) -> WorkerRecord:
         last_heartbeat=cast(datetime, _utc(row["last_heartbeat"])),
         stopped_at=_utc(row["stopped_at"]),
         upgrade_ffqns=row["upgrade_ffqns"],
+        heartbeat_interval=row["heartbeat_interval"],
     )
 
 
@@ -497,6 +500,7 @@ class PostgresStore(SharedMethods):
                 "ffqns": Json(info.ffqns),
                 "upgrade_ffqns": Json(info.upgrade_ffqns),
                 "concurrency": info.concurrency,
+                "heartbeat_interval": info.heartbeat_interval,
                 "now": self._now(),
             },
         )
@@ -509,6 +513,17 @@ class PostgresStore(SharedMethods):
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
         rows = await self._fetchall("worker_list", {"limit": limit, "now": self._now()})
         return [row_to_worker(r) for r in rows]
+
+    async def execution_waits(self, ids: Sequence[uuid.UUID], *, shown_children: int = 5
+                              ) -> dict[uuid.UUID, WaitRecord]:
+        if not ids:
+            return {}
+        ids = list(dict.fromkeys(ids))
+        events = await self._fetchall("history_newest_of_kinds", {
+            "ids": ids, "kinds": list(WAIT_EVENT_KINDS)})
+        children = await self._fetchall("execution_unfinished_children", {
+            "ids": ids, "shown": shown_children})
+        return _ops.waits_from(ids, events, children)
 
     async def deployment_seen(self, deployment_id: str) -> DeploymentRecord:
         row = await self._fetchone("deployment_seen", {"id": deployment_id,
