@@ -79,9 +79,16 @@ def wait_healthy(served: Served, timeout: float = 15.0) -> None:
 
 
 def stop(served: Served) -> None:
-    """SIGTERM, as ``kill`` does: the server stops gracefully, exit 0."""
+    """SIGTERM, as ``kill`` does: the server stops gracefully, exit 0. A shell line's
+    server is the shell's child (the shell waits for it, and exits with its status)."""
     if served.proc.poll() is None:
-        os.killpg(served.proc.pid, signal.SIGTERM)
+        pids = [served.proc.pid]
+        if served.proc.args[0] == "bash":  # type: ignore[index]
+            found = subprocess.run(["pgrep", "-P", str(served.proc.pid)],
+                                   capture_output=True, text=True)
+            pids = [int(p) for p in found.stdout.split()] or pids
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
     assert served.proc.wait(timeout=20) == 0, served.describe()
 
 
@@ -90,11 +97,12 @@ def server(folder: Path, env: dict[str, str], deployment: str, *args: str,
            command: str | None = None) -> Iterator[Served]:
     """``veracity server`` of ``deployment`` run in ``folder`` (or ``command``, a shell
     line, there), healthy; stopped (killed if it is still running) afterwards."""
-    log = folder / f"{deployment}.log"
+    log = folder / f"{deployment}.log"  # a shell line sends its stderr there itself
     argv = (["bash", "-c", command] if command is not None
             else [VERACITY, "server", *args])
     with log.open("ab") as out:
-        proc = subprocess.Popen(argv, cwd=folder, stdout=out, stderr=out,
+        proc = subprocess.Popen(argv, cwd=folder, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL if command is not None else out,
                                 env={**env, "VERACITY_DEPLOYMENT_ID": deployment},
                                 start_new_session=True)
     served = Served(proc, f"http://127.0.0.1:{env['VERACITY_PORT']}", log)
