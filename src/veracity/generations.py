@@ -187,16 +187,19 @@ class Generations:
     activity sends its requests, its header the API token). ``desired_keys``: a function,
     plain or async, returning the keys that should each have one execution (read on every
     run, as a step). ``key_index``: the position of the key in the managed workflow's
-    params. ``start_params``: the params a new managed execution is started with (default:
-    ``[key]``).
+    params. ``start_params``: the params a new execution is started with (default:
+    ``[key]``). ``start``: the workflow started for a key that has no managed execution
+    (default: the managed one); a cleanup supervisor that runs the managed workflow as its
+    child, say (docs/generations.md).
     """
 
     def __init__(
         self, *, reconciler: str, managed: str, binding: str, desired_keys: DesiredKeys,
         key_index: int = 0, start_params: Callable[[str], list[Any]] | None = None,
         ffqn_prefix: str | None = None, page_size: int = MAX_PAGE, concurrency: int = 16,
+        start: str | None = None,
     ) -> None:
-        for name in (reconciler, managed):
+        for name in (reconciler, managed, start or managed):
             try:
                 validate_ffqn(name)
             except InvalidFfqn as exc:
@@ -218,6 +221,7 @@ class Generations:
             raise ValueError("concurrency must be at least 1")
         self.reconciler = reconciler
         self.managed = managed
+        self.start = start or managed
         self.binding = binding
         self.desired_keys = desired_keys
         self.key_index = key_index
@@ -243,7 +247,7 @@ class Generations:
             managed=self.managed, binding=self.binding, ffqn_prefix=self.ffqn_prefix,
             key_index=self.key_index, page_size=self.page_size, concurrency=self.concurrency)
         for key in outcome["start"]:
-            ctx.schedule(self.managed, *self.start_params(key))
+            ctx.schedule(self.start, *self.start_params(key))
         return f"kept {len(outcome['kept'])}; started {len(outcome['start'])}"
 
     def register(self, app: App) -> Callable[[Context], Awaitable[str]]:

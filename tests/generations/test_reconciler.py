@@ -8,37 +8,30 @@ execution is a success; the example's scopes list, cancel and pause, and nothing
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from tests._helpers import history, wait_status
-from tests._pg import free_port
-from tests.durable._support import SETTINGS, running
+from tests.generations._api import CURRENT, SCOPES, Running
+from tests.generations._api import served as api_served
 from veracity import App, Context
 from veracity.api import create_api
-from veracity.bindings import resolve_http
-from veracity.config import load_settings
 from veracity.control import ExecutionService, TokenService
 from veracity.core.states import Status
 from veracity.generations import Generations, _cancel, _pause
 from veracity.models import Execution, ExecutionFilter
 from veracity.store import Store
-from veracity.worker.runner import Worker
 
 pytestmark = pytest.mark.timeout(60)
 
 RECONCILER = "test:gen/reconciler.run"
 WORKER = "test:gen/worker.run-cancellable"
 LEGACY = "test:gen/worker.run"
-SCOPES = ["executions:read", "executions:cancel", "executions:pause"]
-CURRENT, OLD = "d2", "d1"
 
 
 class Desired:
@@ -69,80 +62,13 @@ async def serve(ctx: Context, key: str) -> str:
 app.workflow(WORKER)(serve)
 app.workflow(LEGACY)(serve)
 
-Gate = Callable[[dict[str, Any]], Awaitable[tuple[int, dict[str, Any]] | None]]
-
-
-@dataclass
-class Running:
-    store: Store
-    current: ExecutionService
-    old: ExecutionService
-    seen: list[tuple[str, str]]
-    gate: list[Gate]
-    url: str
-
-    async def reconcile(self) -> Execution:
-        run, _ = await self.current.submit(RECONCILER, [])
-        return await wait_status(self.store, run.id, Status.COMPLETED, Status.FAILED,
-                                 timeout=20)
-
-    async def managed(self, *statuses: Status) -> list[Execution]:
-        found = await self.store.execution_list(
-            ExecutionFilter(ffqn_prefix=LEGACY, statuses=tuple(statuses)), limit=1000)
-        return list(found)
-
-
 @asynccontextmanager
 async def served(store: Store, tmp_path: Path, scopes: list[str] = SCOPES
                  ) -> AsyncIterator[Running]:
-    """The API on a free loopback port (tokens required), a worker of the current
-    deployment whose control_plane binding carries a token with ``scopes``."""
     DESIRED.keys, DESIRED.barrier = [], None
-    port = free_port()
-    config = tmp_path / "veracity.toml"
-    config.write_text(f'''
-[[http]]
-name = "control_plane"
-origin = "http://127.0.0.1:{port}"
-methods = ["GET", "PUT"]
-headers = {{ Authorization = "Bearer ${{secret:control_token}}" }}
-''')
-    token = (await TokenService(store).create("reconciler", scopes)).token
-    bindings = resolve_http(load_settings(config, env={}),
-                            {"VERACITY_SECRET_CONTROL_TOKEN": token})
-    current = ExecutionService(store, workflows=set(app.workflows), deployment_id=CURRENT)
-    old = ExecutionService(store, workflows=set(app.workflows), deployment_id=OLD)
-    api = create_api(current, auth_required=True)
-    seen: list[tuple[str, str]] = []
-    gate: list[Gate] = []
-
-    async def recording(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            seen.append((scope["method"], scope["path"]))
-            for check in gate:
-                refused = await check(scope)
-                if refused is not None:
-                    status, body = refused
-                    response = httpx.Response(status, json=body)
-                    await send({"type": "http.response.start", "status": status,
-                                "headers": [(b"content-type", b"application/json")]})
-                    await send({"type": "http.response.body", "body": response.content})
-                    return
-        await api(scope, receive, send)
-
-    server = uvicorn.Server(uvicorn.Config(recording, host="127.0.0.1", port=port,
-                                           log_config=None, lifespan="off"))
-    serving = asyncio.create_task(server.serve())
-    worker = Worker(store, app, settings=SETTINGS, deployment_id=CURRENT, http=bindings)
-    try:
-        while not server.started:
-            assert not serving.done(), "the API did not start"
-            await asyncio.sleep(0.02)
-        async with running(worker):
-            yield Running(store, current, old, seen, gate, f"http://127.0.0.1:{port}")
-    finally:
-        server.should_exit = True
-        await serving
+    async with api_served(store, tmp_path, app, reconciler=RECONCILER, prefix=LEGACY,
+                          scopes=scopes) as r:
+        yield r
 
 
 def keyed(executions: list[Execution]) -> dict[str, list[Execution]]:
