@@ -12,11 +12,13 @@ current deployment whose ``[[http]]`` binding carries a token with ``executions:
 runs and only the reconciler's own work is measured.
 
 Measured: one reconciler execution, submitted through the API once the worker is
-registered. Its **run** is its end (``updated_at``: the completing transaction's
-``now()``) minus its ``running`` event (the claim), both the database's clock; the phases
-are read from its history: the desired-keys step, the control-plane activity (reading its
-own execution, listing every page, the cancels, ``--concurrency`` requests at once), and
-the end (5,000 executions scheduled with the completion, in one transaction). Checked
+registered (and, just before it, the same listing the activity makes, every page, timed by
+the benchmark itself through the API: the rest of the activity is the cancels). Its
+**run** is its end (``updated_at``: the completing transaction's ``now()``) minus its
+``running`` event (the claim), both the database's clock; the phases are read from its
+history: the desired-keys step, the control-plane activity (reading its own execution,
+listing every page, the cancels, ``--concurrency`` requests at once), and the end (5,000
+executions scheduled with the completion, in one transaction). Checked
 afterwards from the database: the result is ``kept 5000; started 5000``, the older
 deployment's 2,500 are cancelled, and each key has exactly one unfinished execution, of
 the current deployment.
@@ -159,6 +161,7 @@ headers = {{ Authorization = "Bearer ${{secret:control_token}}" }}
                         return any(w["live"] and RECONCILER in w["workflows"] for w in items)
 
                     _wait(registered, "the worker to register", 30)
+                    listing = time_listing(client, base)
                     submitted = client.post(f"{base}/v1/executions",
                                             json={"ffqn": RECONCILER, "params": []})
                     if submitted.status_code != 201:
@@ -180,7 +183,25 @@ headers = {{ Authorization = "Bearer ${{secret:control_token}}" }}
         if done["status"] != "completed":
             raise SystemExit(f"the reconciler failed: {done['error']}")
         return {**read_back(url, ident), "result": done["result"], "keys": keys,
-                "concurrency": concurrency}
+                "concurrency": concurrency, "listing": listing}
+
+
+def time_listing(client: httpx.Client, base: str) -> tuple[float, int, int]:
+    """The listing the activity makes (every page of the unfinished managed executions),
+    made once by the benchmark itself before the run: seconds, pages, items."""
+    start = time.perf_counter()
+    cursor: str | None = None
+    pages = items = 0
+    while True:
+        query: dict[str, Any] = {"ffqn_prefix": "bench:gen/worker.run", "limit": 1000,
+                                 "status": "pending,running,blocked,paused"}
+        if cursor:
+            query["cursor"] = cursor
+        page = client.get(f"{base}/v1/executions", params=query).json()
+        pages, items = pages + 1, items + len(page["items"])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return time.perf_counter() - start, pages, items
 
 
 def read_back(url: str, ident: str) -> dict[str, Any]:
@@ -221,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     got = measure(args.keys, args.concurrency)
     half, quarter = args.keys // 2, args.keys // 4
+    listing = got["listing"]
     expected = f"kept {half}; started {args.keys - half}"
     ok = (got["result"] == expected and got["per_key_max"] == 1
           and got["keys_with_one"] == args.keys
@@ -230,7 +252,8 @@ def main(argv: list[str] | None = None) -> None:
           f"concurrency {args.concurrency}: run {got['run']:.2f} s (from submission "
           f"{got['from_submit']:.2f} s; keys step {got['keys_step']:.2f} s, activity "
           f"{got['activity']:.2f} s, end with {args.keys - half:,} scheduled "
-          f"{got['end']:.2f} s); result {got['result']!r}; "
+          f"{got['end']:.2f} s; the listing alone, made before the run: {listing[2]:,} "
+          f"executions in {listing[1]} pages, {listing[0]:.2f} s); result {got['result']!r}; "
           f"{'checked' if ok else 'CHECK FAILED'}: {got['counts']}, one unfinished "
           f"execution for {got['keys_with_one']:,} keys (at most {got['per_key_max']} each)")
     if not ok:
