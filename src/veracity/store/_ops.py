@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from veracity.core.deployments import Coverage, LiveWorker, is_live
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
@@ -243,22 +243,31 @@ def spawn_if_owned(
     if row is None:
         return (yield from _late(claim, "spawn", {"children": [str(c.id) for c in children]},
                                  now))
-    for child in children:
-        rows = yield Query("execution_insert_child", {
-            "id": child.id, "ffqn": child.ffqn, "params": JsonParam(child.params),
-            "deployment_id": child.deployment_id, "parent_id": child.parent_id,
-            "join_set": child.join_set, "scheduled_at": child.scheduled_at, "now": now,
-        })
-        if rows:
-            created = execution_from(rows[0])
-            yield from _events(child.id, 0, [(str(created.status), {
-                "ffqn": created.ffqn, "params": created.params,
-                "deployment_id": created.deployment_id,
-                "parent_id": str(created.parent_id) if created.parent_id else None,
-                "join_set": created.join_set, "created_by": str(claim.execution_id),
-            })], now)
+    # two statements however many children (a reconciler may schedule thousands at once):
+    # the new ones inserted (an id already there is left as it is), then their events
+    rows: list[Row] = []
+    if children:
+        rows = yield Query("execution_insert_children", {"now": now, "rows": JsonParam([{
+            "id": str(c.id), "ffqn": c.ffqn, "params": c.params,
+            "deployment_id": c.deployment_id,
+            "parent_id": str(c.parent_id) if c.parent_id else None, "join_set": c.join_set,
+            "scheduled_at": cast(JSON, c.scheduled_at),  # a time: encoded by the backend
+        } for c in children])})
+    created = sorted((execution_from(r) for r in rows), key=lambda e: e.id)
+    if created:
+        yield Query("history_append_many", {"now": now, "rows": JsonParam([{
+            "execution_id": str(e.id), "seq": 1, "kind": str(e.status), "data": {
+                "ffqn": e.ffqn, "params": e.params, "deployment_id": e.deployment_id,
+                "parent_id": str(e.parent_id) if e.parent_id else None,
+                "join_set": e.join_set, "created_by": str(claim.execution_id)},
+        } for e in created])})
     yield Query("execution_bump_history", {"id": claim.execution_id, "by": len(events)})
-    yield from _events(claim.execution_id, row["history_seq"], events, now)
+    if len(events) > 1:
+        yield Query("history_append_many", {"now": now, "rows": JsonParam([
+            {"execution_id": str(claim.execution_id), "seq": row["history_seq"] + i,
+             "kind": kind, "data": data} for i, (kind, data) in enumerate(events, 1)])})
+    else:
+        yield from _events(claim.execution_id, row["history_seq"], events, now)
     return TransitionResult(True, None)
 
 

@@ -360,15 +360,18 @@ VALUES (
     coalesce(%(now)s::timestamptz, now()), %(history_seq)s)
 RETURNING *
 
--- name: execution_insert_child
+-- name: execution_insert_children
+-- rows [{id, ffqn, params, deployment_id, parent_id, join_set, scheduled_at}]: each one whose
+-- id is new, pending (scheduled now unless given), in one statement; those created returned
 INSERT INTO veracity_executions (
     id, ffqn, params, status, attempt, deployment_id, parent_id, join_set,
     scheduled_at, created_at, updated_at, history_seq)
-VALUES (
-    %(id)s, %(ffqn)s, %(params)s, 'pending', 1, %(deployment_id)s, %(parent_id)s::uuid,
-    %(join_set)s::text,
-    coalesce(%(scheduled_at)s::timestamptz, %(now)s::timestamptz, now()),
-    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1)
+SELECT r.id, r.ffqn, r.params, 'pending', 1, r.deployment_id, r.parent_id, r.join_set,
+       coalesce(r.scheduled_at, %(now)s::timestamptz, now()),
+       coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1
+FROM json_to_recordset(%(rows)s::json) AS r (id uuid, ffqn text, params json,
+    deployment_id text, parent_id uuid, join_set text, scheduled_at timestamptz)
+ORDER BY r.id
 ON CONFLICT (id) DO NOTHING
 RETURNING *
 

@@ -245,13 +245,17 @@ VALUES (
     :history_seq)
 RETURNING *
 
--- name: execution_insert_child
+-- name: execution_insert_children
+-- rows [{id, ffqn, params, deployment_id, parent_id, join_set, scheduled_at}]: each one whose
+-- id is new, pending (scheduled now unless given), in one statement; those created returned
 INSERT INTO veracity_executions (
     id, ffqn, params, status, attempt, deployment_id, parent_id, join_set,
     scheduled_at, created_at, updated_at, history_seq)
-VALUES (
-    :id, :ffqn, :params, 'pending', 1, :deployment_id, :parent_id, :join_set,
-    coalesce(:scheduled_at, :now), :now, :now, 1)
+SELECT json_extract(value, '$.id'), json_extract(value, '$.ffqn'),
+       json_extract(value, '$.params'), 'pending', 1, json_extract(value, '$.deployment_id'),
+       json_extract(value, '$.parent_id'), json_extract(value, '$.join_set'),
+       coalesce(json_extract(value, '$.scheduled_at'), :now), :now, :now, 1
+FROM json_each(:rows) WHERE true
 ON CONFLICT (id) DO NOTHING
 RETURNING *
 
