@@ -318,6 +318,14 @@ class ControlStore(TokenStore, RetryWrites, DelegatedWrites, ReadStore, Protocol
         existing execution with ``created=False`` (concurrent calls create one row).
         """
 
+    async def execution_submit_many(self, items: Sequence[NewExecution]) -> list[Submitted]:
+        """Submit a batch in one transaction: each item as :meth:`execution_submit` would,
+        answered in the order of ``items``. An item whose idempotency key appeared earlier
+        in the batch is answered the execution of that earlier item (``created=False``, its
+        digest). If any keyed item's ``request_digest`` differs from the one its key
+        already names (stored, or earlier in the batch), nothing is written and
+        :class:`~veracity.models.BatchConflict` names those items."""
+
     async def execution_cancel(
         self, execution_id: uuid.UUID, *, actor: str | None = None
     ) -> ControlResult:

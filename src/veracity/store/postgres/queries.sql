@@ -47,6 +47,31 @@ WITH ins AS (
 )
 SELECT * FROM ins
 
+-- name: execution_submit_many
+-- rows [{id, ffqn, params, paused, deployment_id, idempotency_key, request_digest,
+-- scheduled_at}]: a batch of submissions (store/_ops.py submit_many writes their events). A
+-- key that exists is skipped (ON CONFLICT waits for its inserter to commit); rows in key
+-- order, so that batches sharing keys wait for each other instead of deadlocking.
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, paused_from, attempt, deployment_id, idempotency_key,
+    request_digest, scheduled_at, created_at, updated_at, history_seq)
+SELECT r.id, r.ffqn, r.params,
+       CASE WHEN r.paused THEN 'paused' ELSE 'pending' END,
+       CASE WHEN r.paused THEN 'pending' END,
+       1, r.deployment_id, r.idempotency_key, r.request_digest,
+       coalesce(r.scheduled_at, %(now)s::timestamptz, now()),
+       coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1
+FROM json_to_recordset(%(rows)s::json) AS r (
+    id uuid, ffqn text, params json, paused boolean, deployment_id text,
+    idempotency_key text, request_digest text, scheduled_at timestamptz)
+ORDER BY r.idempotency_key
+ON CONFLICT DO NOTHING
+RETURNING *
+
+-- name: execution_by_keys_or_ids
+SELECT * FROM veracity_executions
+WHERE idempotency_key = ANY (%(keys)s::text[]) OR id = ANY (%(ids)s::uuid[])
+
 -- name: execution_by_key_or_id
 SELECT * FROM veracity_executions
 WHERE idempotency_key = %(idempotency_key)s OR id = %(id)s

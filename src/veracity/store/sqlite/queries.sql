@@ -33,6 +33,29 @@ RETURNING *
 INSERT INTO veracity_history (execution_id, seq, kind, at, data)
 VALUES (:execution_id, :seq, :kind, :at, :data)
 
+-- name: execution_submit_many
+-- rows [{id, ffqn, params, paused, deployment_id, idempotency_key, request_digest,
+-- scheduled_at}]: a batch of submissions (store/_ops.py submit_many writes their events);
+-- a key that exists is skipped
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, paused_from, attempt, deployment_id, idempotency_key,
+    request_digest, scheduled_at, created_at, updated_at, history_seq)
+SELECT json_extract(value, '$.id'), json_extract(value, '$.ffqn'),
+       json_extract(value, '$.params'),
+       CASE WHEN json_extract(value, '$.paused') THEN 'paused' ELSE 'pending' END,
+       CASE WHEN json_extract(value, '$.paused') THEN 'pending' END,
+       1, json_extract(value, '$.deployment_id'), json_extract(value, '$.idempotency_key'),
+       json_extract(value, '$.request_digest'),
+       coalesce(json_extract(value, '$.scheduled_at'), :now), :now, :now, 1
+FROM json_each(:rows) WHERE true
+ON CONFLICT DO NOTHING
+RETURNING *
+
+-- name: execution_by_keys_or_ids
+SELECT * FROM veracity_executions
+WHERE idempotency_key IN (SELECT value FROM json_each(:keys))
+   OR id IN (SELECT value FROM json_each(:ids))
+
 -- name: execution_by_key_or_id
 SELECT * FROM veracity_executions
 WHERE idempotency_key = :idempotency_key OR id = :id
