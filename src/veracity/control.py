@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -29,6 +29,7 @@ from veracity.core.ffqn import (
     validate_ffqn,
     validate_ffqn_prefix,
 )
+from veracity.core.params import ParamsShape
 from veracity.core.reconcile import FlagKind
 from veracity.core.requests import CallbackOutcome, CallbackReport, ResolveAction
 from veracity.core.states import Status
@@ -53,10 +54,12 @@ from veracity.errors import (
     NotFound,
     PayloadTooLarge,
     Unauthorized,
+    VeracityError,
 )
 from veracity.models import (
     JSON,
     ApiToken,
+    BatchConflict,
     ControlResult,
     CronRecord,
     DeploymentSummary,
@@ -80,6 +83,8 @@ MAX_IDEMPOTENCY_KEY = 256
 MAX_JSON_DEPTH = 128
 MAX_TOPIC_LENGTH = 256
 MAX_DEPLOYMENT_ID = 128
+MAX_BATCH = 1000
+"""Submissions one batch may carry (POST /v1/executions/batch)."""
 # PostgreSQL's timestamptz ends at 294276 AD; keep far from both ends of every backend
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
@@ -162,6 +167,17 @@ class AdoptOutcome:
     execution_ids: list[uuid.UUID]
 
 
+@dataclass(frozen=True, slots=True)
+class SubmitItem:
+    """One submission of a batch (:meth:`ExecutionService.submit_many`)."""
+
+    ffqn: str
+    params: Sequence[JSON] = ()
+    idempotency_key: str | None = None
+    scheduled_at: datetime | None = None
+    paused: bool = False
+
+
 def canonical_json(value: JSON) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False)
@@ -232,6 +248,18 @@ def check_depth(what: str, value: JSON) -> None:
             stack.extend((child, depth + 1) for child in children)
 
 
+class InvalidBatch(InvalidInput):
+    """A batch with bad items: each listed by index with its own code and message."""
+
+    def __init__(self, bad: list[dict[str, object]]) -> None:
+        first = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        super().__init__(
+            f"{len(bad)} bad item(s) in the batch, at {', '.join(str(b['index']) for b in bad)}; "
+            f"nothing was submitted. Item {first['index']}: {first['message']}{more}",
+            code="invalid_batch", items=bad)
+
+
 class ExecutionService:
     def __init__(
         self,
@@ -246,8 +274,12 @@ class ExecutionService:
         looker: Looker | None = None,
         metrics: ServiceMetrics | None = None,
         crons: Sequence[CronEntry] = (),
+        shapes: Mapping[str, ParamsShape] | None = None,
     ) -> None:
         self.looker = looker
+        self.shapes = dict(shapes or {})
+        """The parameters each workflow of the app takes: params are checked against
+        them at submission (a workflow without one, e.g. an external one, is not)."""
         """Takes looks at delegated runs (resolve, cancel); None: no engine is configured
         here, and a delegated run's engine cannot be asked."""
         self.metrics = metrics
@@ -285,6 +317,45 @@ class ExecutionService:
                 f"{what} is {len(encoded)} bytes; the limit is {self.max_payload_bytes}"
             )
 
+    def _check_params(self, ffqn: str, params: Sequence[JSON]) -> None:
+        shape = self.shapes.get(ffqn)
+        problem = shape.problem(params) if shape is not None else None
+        if problem is not None:
+            raise InvalidInput(f"params do not fit workflow {ffqn}: {problem}",
+                               code="invalid_params")
+
+    def _new(self, item: SubmitItem) -> NewExecution:
+        """Check one submission whole (bad input raises, naming what is wrong) and build
+        the execution to insert."""
+        self._check_workflow(item.ffqn)
+        params = item.params
+        if isinstance(params, str | bytes) or not isinstance(params, Sequence):
+            raise InvalidInput("params must be a JSON array", code="invalid_params")
+        param_list = list(params)
+        self._check_payload("params", param_list)
+        self._check_params(item.ffqn, param_list)
+        key = item.idempotency_key
+        if key is not None and "\x00" in key:
+            raise InvalidInput("idempotency_key must not contain NUL characters",
+                               code="invalid_idempotency_key")
+        if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY:
+            raise InvalidInput(
+                f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
+                code="invalid_idempotency_key",
+            )
+        check_time("scheduled_at", item.scheduled_at)
+        digest = request_digest(item.ffqn, param_list, item.scheduled_at, item.paused)
+        return NewExecution(
+            ffqn=item.ffqn,
+            params=param_list,
+            deployment_id=self.deployment_id,
+            id=new_execution_id(),
+            idempotency_key=key,
+            request_digest=digest if key else None,
+            scheduled_at=item.scheduled_at,
+            paused=item.paused,
+        )
+
     async def submit(
         self,
         ffqn: str,
@@ -295,42 +366,68 @@ class ExecutionService:
         paused: bool = False,
     ) -> tuple[Execution, bool]:
         """Create a pending execution; returns it and whether it was created now."""
-        self._check_workflow(ffqn)
-        if isinstance(params, str | bytes) or not isinstance(params, Sequence):
-            raise InvalidInput("params must be a JSON array", code="invalid_params")
-        param_list = list(params)
-        self._check_payload("params", param_list)
-        if idempotency_key is not None and "\x00" in idempotency_key:
-            raise InvalidInput("idempotency_key must not contain NUL characters",
-                               code="invalid_idempotency_key")
-        if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
-            raise InvalidInput(
-                f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
-                code="invalid_idempotency_key",
-            )
-        check_time("scheduled_at", scheduled_at)
-        digest = request_digest(ffqn, param_list, scheduled_at, paused)
-        submitted = await self.store.execution_submit(
-            NewExecution(
-                ffqn=ffqn,
-                params=param_list,
-                deployment_id=self.deployment_id,
-                id=new_execution_id(),
-                idempotency_key=idempotency_key,
-                request_digest=digest if idempotency_key else None,
-                scheduled_at=scheduled_at,
-                paused=paused,
-            )
-        )
+        new = self._new(SubmitItem(ffqn, params, idempotency_key, scheduled_at, paused))
+        submitted = await self.store.execution_submit(new)
         if submitted.created and self.on_submitted is not None:
             self.on_submitted()
-        if not submitted.created and submitted.request_digest != digest:
+        if not submitted.created and submitted.request_digest != new.request_digest:
             raise Conflict(
                 f"idempotency key {idempotency_key!r} was used for a different request "
                 f"(execution {submitted.execution.id})",
                 code="idempotency_conflict",
             )
         return submitted.execution, submitted.created
+
+    def prepare_many(self, items: Sequence[SubmitItem],
+                     refused: Mapping[int, VeracityError] | None = None) -> list[NewExecution]:
+        """Check every submission of a batch before anything is written: one or more bad
+        ones raise ``invalid_batch`` (422) listing each by index, with its code and
+        message (``items``). ``refused``: items the caller found bad already (by index:
+        why), listed with the others."""
+        out: list[NewExecution] = []
+        bad: list[dict[str, object]] = []
+        for index, item in enumerate(items):
+            try:
+                if refused and index in refused:
+                    raise refused[index]
+                out.append(self._new(item))
+            except VeracityError as exc:
+                bad.append({"index": index, "code": exc.code, "message": exc.message})
+        if bad:
+            raise InvalidBatch(bad)
+        return out
+
+    async def submit_many(self, items: Sequence[SubmitItem]) -> list[tuple[Execution, bool]]:
+        """Submit up to MAX_BATCH executions in one transaction, answered in order, each
+        with whether it was created now. Each idempotency key works as for :meth:`submit`
+        (a key repeated inside the batch answers the first one's execution). Nothing is
+        written when the batch is too large (413), any item is bad (422
+        ``invalid_batch``) or reuses a key for a different request (409
+        ``idempotency_conflict``, naming the items)."""
+        if len(items) > MAX_BATCH:
+            raise PayloadTooLarge(f"a batch takes at most {MAX_BATCH:,} submissions; this "
+                                  f"one has {len(items):,}")
+        return await self.submit_prepared(self.prepare_many(items))
+
+    async def submit_prepared(self, news: Sequence[NewExecution]
+                              ) -> list[tuple[Execution, bool]]:
+        """Insert submissions :meth:`prepare_many` checked, in one transaction."""
+        try:
+            submitted = await self.store.execution_submit_many(news)
+        except BatchConflict as exc:
+            raise Conflict(
+                f"idempotency keys used before for a different request, at item(s) "
+                f"{', '.join(map(str, exc.indexes))}; nothing was submitted",
+                code="idempotency_conflict",
+                items=[{"index": i, "code": "idempotency_conflict",
+                        "message": f"idempotency key {news[i].idempotency_key!r} names "
+                                   f"execution {exc.existing[i]}, submitted with a "
+                                   "different request",
+                        "execution_id": str(exc.existing[i])} for i in exc.indexes],
+            ) from None
+        if any(s.created for s in submitted) and self.on_submitted is not None:
+            self.on_submitted()
+        return [(s.execution, s.created) for s in submitted]
 
     async def get(self, execution_id: str | uuid.UUID) -> Execution:
         ident = execution_id if isinstance(execution_id, uuid.UUID) else parse_id(execution_id)

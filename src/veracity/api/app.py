@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 
 from veracity.api.auth import ROUTE_ACCESS, TokenAuth, check_routes, declare_security
 from veracity.api.errors import error_response, install_error_handlers
@@ -20,6 +21,8 @@ from veracity.api.schemas import (
     LIST_VALUE_BYTES,
     AdoptOut,
     AdoptRequest,
+    BatchOut,
+    BatchRequest,
     CompleteRequest,
     CronOut,
     CronPage,
@@ -39,10 +42,10 @@ from veracity.api.schemas import (
     WorkerOut,
     WorkerPage,
 )
-from veracity.control import ExecutionService
+from veracity.control import MAX_BATCH, ExecutionService, SubmitItem
 from veracity.core.requests import CallbackReport
 from veracity.core.states import Status
-from veracity.errors import BadRequest, InvalidInput
+from veracity.errors import BadRequest, InvalidInput, PayloadTooLarge, VeracityError
 from veracity.models import ExecutionFilter
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -84,6 +87,14 @@ def _statuses(values: list[str] | None) -> tuple[Status, ...]:
                     f"unknown status {part!r} (one of {names})", code="invalid_status"
                 ) from None
     return tuple(out)
+
+
+def _validation_text(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "item"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
 
 
 def create_api(
@@ -171,6 +182,43 @@ def create_api(
         if not created:
             response.status_code = 200
         return ExecutionOut.of(execution)
+
+    @app.post(
+        "/v1/executions/batch",
+        status_code=201,
+        response_model=BatchOut,
+        responses={200: {"model": BatchOut, "description": "Nothing created: every item's "
+                                                           "idempotency key named an "
+                                                           "execution already"}, **ERRORS},
+    )
+    async def submit_batch(body: BatchRequest, service: Service,
+                           response: Response) -> BatchOut:
+        """Up to 1,000 submissions in one transaction, answered in order. Each item is
+        what POST /v1/executions takes, with its own idempotency key (a key repeated in the
+        batch answers the first one's execution). Nothing is written when the batch has
+        more than 1,000 items or a body over max_payload_bytes (413), any bad item (422
+        invalid_batch, error.items listing each by index with its code and message), or
+        a key used before for a different request (409 idempotency_conflict, the same
+        way)."""
+        if len(body.items) > MAX_BATCH:
+            raise PayloadTooLarge(f"a batch takes at most {MAX_BATCH:,} submissions; this "
+                                  f"one has {len(body.items):,}")
+        items: list[SubmitItem] = []
+        refused: dict[int, VeracityError] = {}
+        for index, raw in enumerate(body.items):
+            try:
+                one = SubmitRequest.model_validate(raw)
+            except ValidationError as exc:
+                refused[index] = InvalidInput(_validation_text(exc), code="invalid_input")
+                items.append(SubmitItem(""))
+                continue
+            items.append(SubmitItem(one.ffqn, one.params, one.idempotency_key,
+                                    one.scheduled_at, one.paused))
+        done = await service.submit_prepared(service.prepare_many(items, refused))
+        if not any(created for _, created in done):
+            response.status_code = 200
+        return BatchOut(items=[ExecutionOut.of(e) for e, _ in done],
+                        created=[created for _, created in done])
 
     @app.get("/v1/executions", response_model=ExecutionPage, responses=ERRORS)
     async def list_executions(

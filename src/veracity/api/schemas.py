@@ -41,6 +41,14 @@ class SubmitRequest(BaseModel):
     paused: bool = Field(default=False, description="Submit on hold (status paused)")
 
 
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[Any] = Field(
+        description="Up to 1,000 submissions, each as the body of POST /v1/executions "
+                    "({ffqn, params?, idempotency_key?, scheduled_at?, paused?})")
+
+
 class MessageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -179,6 +187,13 @@ class ExecutionOut(BaseModel):
 class ExecutionPage(BaseModel):
     items: list[ExecutionOut]
     next_cursor: str | None
+
+
+class BatchOut(BaseModel):
+    items: list[ExecutionOut] = Field(description="The executions, in the order submitted")
+    created: list[bool] = Field(
+        description="For each item: created now (false: its idempotency key named an "
+                    "execution already, submitted before or earlier in the batch)")
 
 
 class HistoryItem(BaseModel):
