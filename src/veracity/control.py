@@ -73,6 +73,7 @@ from veracity.models import (
     WorkerRecord,
 )
 from veracity.store.protocol import ControlStore
+from veracity.waiting import EndWaits
 from veracity.worker.journal import retry_replay
 
 log = logging.getLogger("veracity.control")
@@ -84,6 +85,8 @@ MAX_JSON_DEPTH = 128
 MAX_TOPIC_LENGTH = 256
 MAX_DEPLOYMENT_ID = 128
 MAX_BATCH = 1000
+MAX_WAIT = 60.0
+"""Seconds one wait for an execution's end may last (GET ...?wait=)."""
 """Submissions one batch may carry (POST /v1/executions/batch)."""
 # PostgreSQL's timestamptz ends at 294276 AD; keep far from both ends of every backend
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
@@ -294,6 +297,7 @@ class ExecutionService:
         acts at its next step instead of at its next heartbeat)."""
         self.cron_entries = list(crons)
         """The configuration's ``[[cron]]`` entries (docs/cron.md)."""
+        self._waits: EndWaits | None = None
 
     def _check_workflow(self, ffqn: str) -> None:
         try:
@@ -435,6 +439,32 @@ class ExecutionService:
         if found is None:
             raise NotFound(f"execution {ident} does not exist")
         return found
+
+    async def wait(self, execution_id: str | uuid.UUID, timeout: float) -> Execution:
+        """The execution as soon as it is terminal, or as it is after ``timeout`` seconds
+        (0 to MAX_WAIT): woken by the store's end signals, not by polling
+        (veracity/waiting.py)."""
+        if not 0 <= timeout <= MAX_WAIT:
+            raise InvalidInput(f"wait must be between 0 and {MAX_WAIT:g} seconds",
+                               code="invalid_wait")
+        execution = await self.get(execution_id)
+        if execution.status.is_terminal or timeout == 0:
+            return execution
+        if self._waits is None:
+            self._waits = EndWaits(self.store)
+        await self._waits.wait(execution.id, timeout)
+        return await self.get(execution.id)
+
+    def release_waits(self) -> None:
+        """Answer every wait under way now, and any new one at once (the server stops)."""
+        if self._waits is None:
+            self._waits = EndWaits(self.store)
+        self._waits.release()
+
+    async def close(self) -> None:
+        """Stop what waits for executions to end (its listener's connection)."""
+        if self._waits is not None:
+            await self._waits.close()
 
     async def page(
         self, filter: ExecutionFilter, *, limit: int = 50, cursor: str | None = None

@@ -34,6 +34,7 @@ class Runtime:
 
     async def close(self) -> None:
         try:
+            await self.service.close()
             await close_engines(self.engines)
         finally:
             await self.store.close()

@@ -42,7 +42,8 @@ from veracity.api.schemas import (
     WorkerOut,
     WorkerPage,
 )
-from veracity.control import MAX_BATCH, ExecutionService, SubmitItem
+from veracity.config import parse_duration
+from veracity.control import MAX_BATCH, MAX_WAIT, ExecutionService, SubmitItem
 from veracity.core.requests import CallbackReport
 from veracity.core.states import Status
 from veracity.errors import BadRequest, InvalidInput, PayloadTooLarge, VeracityError
@@ -95,6 +96,17 @@ def _validation_text(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err["loc"]) or "item"
         parts.append(f"{where}: {err['msg']}")
     return "; ".join(parts)
+
+
+def _wait_seconds(text: str) -> float:
+    try:
+        seconds = parse_duration(text.strip())
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_WAIT:
+        raise InvalidInput(f"wait must be a duration from 0 to {MAX_WAIT:g} s (30s, 1.5s, "
+                           f"500ms, or seconds), not {text[:40]!r}", code="invalid_wait")
+    return seconds
 
 
 def create_api(
@@ -251,8 +263,17 @@ def create_api(
         )
 
     @app.get("/v1/executions/{execution_id}", response_model=ExecutionOut, responses=ERRORS)
-    async def get_execution(execution_id: str, service: Service) -> ExecutionOut:
-        execution = await service.get(execution_id)
+    async def get_execution(
+        execution_id: str, service: Service,
+        wait: Annotated[str | None, Query(
+            max_length=32, description="Long poll: answer as soon as the execution is "
+            "terminal, or with its current state after this long (0 to 60 s: 30s, 1.5s, "
+            "500ms, or a number of seconds); out of range: 422 invalid_wait")] = None,
+    ) -> ExecutionOut:
+        if wait is None:
+            execution = await service.get(execution_id)
+        else:
+            execution = await service.wait(execution_id, _wait_seconds(wait))
         waiting = await service.waiting_reasons([execution])
         return ExecutionOut.of(execution, waiting.get(execution.id))
 

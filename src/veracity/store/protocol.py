@@ -17,7 +17,7 @@ never an exception. The conformance suite in ``tests/store/`` runs against every
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -107,6 +107,19 @@ class ReadStore(Protocol):
         that only unfinished executions carry (by id), each with its unfinished executions
         by status, its live workers (not stopped, a heartbeat within ``live_within``) and
         how many of its executions are stranded (:mod:`veracity.core.deployments`)."""
+
+
+    async def execution_ended_among(self, ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Which of ``ids`` are terminal (completed, failed, failed_transient, cancelled)."""
+
+    def ended_signals(self, wake: Callable[[], None]
+                      ) -> AbstractAsyncContextManager[Callable[[], bool]]:
+        """While entered, ``wake()`` is called (on the event loop) soon after any
+        transaction that ended executions commits: PostgreSQL's notifications (channel
+        ``veracity_ended``: from every process); on SQLite, the commits of this process's
+        stores on the same file (another process's are not seen). A hint: it may come
+        without an end, and the caller checks. The context's value answers whether the
+        signals still come (a lost notification connection answers False)."""
 
 
 class DelegatedWrites(Protocol):

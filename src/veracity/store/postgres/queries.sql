@@ -1,5 +1,11 @@
 -- PostgreSQL queries of the store. Parameters are psycopg's %(name)s; %(now)s is the
 -- injected clock's time, NULL in production so that the database's now() rules.
+--
+-- Every statement that can end an execution also notifies channel veracity_ended for each
+-- row it ended (its `ended_note` column; identical notifications of one transaction are
+-- folded into one, sent at commit): what answers GET /v1/executions/{id}?wait= wakes on
+-- it (veracity/waiting.py). The trigger veracity_child_finished may end a parent in the
+-- same transaction as its child, whose end notifies.
 
 -- name: migrations_lock
 SELECT pg_advisory_xact_lock(%(key)s)
@@ -186,7 +192,9 @@ WITH input AS (
     INSERT INTO veracity_history (execution_id, seq, kind, at, data)
     SELECT id, history_seq, status, updated_at, event FROM upd
 )
-SELECT * FROM upd
+SELECT *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
+FROM upd
 
 -- name: execution_late_report
 -- A write that lost the race is kept in history; the status is never touched.
@@ -260,7 +268,8 @@ WHERE e.id = r.id
   AND e.lease_owner = r.owner
   AND e.lease_epoch = r.epoch
   AND e.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
-RETURNING e.*
+RETURNING e.*, (CASE WHEN e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: worker_register
 -- the worker, and its deployment in the registry (first seen now, or seen again)
@@ -449,7 +458,8 @@ UPDATE veracity_executions SET
     updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
-RETURNING *
+RETURNING *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_signal
 SELECT signal_seq FROM veracity_executions WHERE id = %(id)s
@@ -521,7 +531,8 @@ WHERE e.id = tree.id
   AND e.status = ANY (%(from_states)s::text[])
   AND NOT EXISTS (SELECT 1 FROM veracity_executions AS c
                   WHERE c.parent_id = e.id AND c.status <> ALL (%(terminal)s::text[]))
-RETURNING e.*
+RETURNING e.*, (CASE WHEN e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_request_pause
 UPDATE veracity_executions SET
@@ -613,7 +624,8 @@ UPDATE veracity_executions SET
     updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
-RETURNING *
+RETURNING *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_external_running
 SELECT * FROM veracity_executions
@@ -658,7 +670,8 @@ UPDATE veracity_executions AS e SET
     history_seq = e.history_seq + 1
 FROM json_to_recordset(%(rows)s::json) AS r (id uuid, to_status text, error json)
 WHERE e.id = r.id AND e.status = ANY (%(from_states)s::text[])
-RETURNING e.id
+RETURNING e.id, (CASE WHEN e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_flag_many
 -- flags of one page of looks, rows [{id, reason, kind}]
@@ -702,7 +715,8 @@ UPDATE veracity_executions SET
     updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
-RETURNING *
+RETURNING *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_flag_note
 -- more about why an execution is on the flagged list (a late report that concerns it)
@@ -827,3 +841,9 @@ RETURNING id, history_seq
 -- name: notify_pending
 -- adopted pending executions are due for the new deployment's workers: wake them
 SELECT pg_notify('veracity_pending', '')
+
+-- name: execution_ended_among
+-- which of these executions have ended
+SELECT id FROM veracity_executions
+WHERE id = ANY (%(ids)s::uuid[])
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')

@@ -694,3 +694,9 @@ RETURNING *
 -- name: token_touch
 UPDATE veracity_api_tokens SET last_used_at = :now
 WHERE key_id = :key_id AND (last_used_at IS NULL OR last_used_at < :now)
+
+-- name: execution_ended_among
+-- which of these executions have ended
+SELECT id FROM veracity_executions
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
