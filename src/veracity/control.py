@@ -15,11 +15,11 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from veracity._ids import new_execution_id, parse_execution_id
-from veracity.adapters.looks import Look, Looker
 from veracity.core.cron import CronEntry
 from veracity.core.deployments import Coverage, LiveWorker
 from veracity.core.ffqn import (
@@ -74,6 +74,9 @@ from veracity.models import (
 )
 from veracity.store.protocol import ControlStore
 from veracity.waiting import EndWaits
+
+if TYPE_CHECKING:
+    from veracity.adapters.looks import Look, Looker
 from veracity.worker.journal import retry_replay
 
 log = logging.getLogger("veracity.control")
@@ -783,6 +786,8 @@ class ExecutionService:
             code="engine_not_confirmed", state=str(after.status))
 
     async def _look_and_apply(self, execution: Execution, *, by: str) -> Look:
+        from veracity.adapters.looks import Looker  # the engines' HTTP stack: on first use
+
         looker = self.looker or Looker({}, {})
         look = await looker.look(execution, await self.store.db_now(), by=by)
         if look.action is not None:
