@@ -10,48 +10,74 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sqlite3
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import psycopg
-import psycopg_pool
-from pydantic import ValidationError
 
-from veracity.api.schemas import (
-    AdoptOut,
-    CronOut,
-    DeploymentOut,
-    ExecutionOut,
-    HistoryItem,
-    SubmitRequest,
-    WorkerOut,
-)
 from veracity.cli.output import fmt_time, print_fields, print_json, print_table, short
 from veracity.config import Settings, load_settings
-from veracity.control import (
-    MAX_BATCH,
-    MAX_HISTORY_LIMIT,
-    MAX_WAIT,
-    AdoptOutcome,
-    CreatedToken,
-    DeploymentView,
-    ExecutionService,
-    InvalidBatch,
-    Resolved,
-    SubmitItem,
-    TokenService,
-    TokenView,
-)
 from veracity.core.states import Status
 from veracity.errors import ConfigError, Conflict, InvalidInput, VeracityError
 from veracity.models import ApiToken, Execution, ExecutionFilter, HistoryEvent, Message
-from veracity.runtime import Runtime, open_runtime, redact_url
-from veracity.store import open_store
-from veracity.worker.replayer import ReplayResult, replay_async
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from veracity.api.schemas import (
+        AdoptOut,
+        CronOut,
+        DeploymentOut,
+        ExecutionOut,
+        HistoryItem,
+        SubmitRequest,
+        WorkerOut,
+    )
+    from veracity.control import (
+        MAX_BATCH,
+        MAX_HISTORY_LIMIT,
+        MAX_WAIT,
+        AdoptOutcome,
+        CreatedToken,
+        DeploymentView,
+        ExecutionService,
+        InvalidBatch,
+        Resolved,
+        SubmitItem,
+        TokenService,
+        TokenView,
+    )
+    from veracity.runtime import Runtime, open_runtime, redact_url
+    from veracity.store import open_store
+    from veracity.worker.replayer import ReplayResult, replay_async
+
+# What the commands use, loaded when one runs (_load), not to print --help, and not for
+# `veracity worker`, which loads what it needs itself and starts sooner without the rest.
+_LAZY = {
+    "pydantic": "ValidationError",
+    "veracity.api.schemas": "AdoptOut CronOut DeploymentOut ExecutionOut HistoryItem "
+                            "SubmitRequest WorkerOut",
+    "veracity.control": "MAX_BATCH MAX_HISTORY_LIMIT MAX_WAIT AdoptOutcome CreatedToken "
+                        "DeploymentView ExecutionService InvalidBatch Resolved SubmitItem "
+                        "TokenService TokenView",
+    "veracity.runtime": "Runtime open_runtime redact_url",
+    "veracity.store": "open_store",
+    "veracity.worker.replayer": "ReplayResult replay_async",
+}
+
+
+def _load() -> None:
+    """Bind the commands' imports in this module (once)."""
+    if "open_runtime" in globals():
+        return
+    from importlib import import_module
+
+    for module, names in _LAZY.items():
+        loaded = import_module(module)
+        globals().update({name: getattr(loaded, name) for name in names.split()})
+
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,6 +90,18 @@ class Failure(click.ClickException):
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.message}", err=True)
+
+
+def _unusable_database(exc: Exception) -> bool:
+    """The database could not be used (unreachable, not migrated, a missing file)."""
+    import sqlite3
+
+    import psycopg
+    import psycopg_pool
+
+    return isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout
+                      | sqlite3.OperationalError | psycopg.errors.UndefinedTable
+                      | FileNotFoundError)
 
 
 def run(coro: Coroutine[Any, Any, T], *, fast_loop: bool = False) -> T:
@@ -82,10 +120,11 @@ def run(coro: Coroutine[Any, Any, T], *, fast_loop: bool = False) -> T:
         raise Failure(exc.message) from None
     except ConfigError as exc:
         raise Failure(str(exc)) from None
-    except (psycopg.OperationalError, psycopg_pool.PoolTimeout, sqlite3.OperationalError,
-            psycopg.errors.UndefinedTable, FileNotFoundError) as exc:
+    except Exception as exc:
+        if not _unusable_database(exc):
+            raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, psycopg.errors.UndefinedTable) or "no such table" in first:
+        if type(exc).__name__ == "UndefinedTable" or "no such table" in first:
             first += " (run `veracity migrate`, or start the server once: it migrates)"
         raise Failure(f"cannot use the database: {first}") from None
 
@@ -125,10 +164,12 @@ async def with_runtime(settings: Settings, fn: Callable[[Runtime], Awaitable[T]]
 
 
 def execution_json(e: Execution, waiting_reason: str | None = None) -> dict[str, Any]:
+    _load()
     return ExecutionOut.of(e, waiting_reason).model_dump(mode="json")
 
 
 def event_json(ev: HistoryEvent) -> dict[str, Any]:
+    _load()
     return HistoryItem.of(ev).model_dump(mode="json")
 
 
@@ -168,8 +209,11 @@ def parse_time(name: str, value: str | None) -> datetime | None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="veracity")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Veracity: durable workflow executions that never lie about their state."""
+    if ctx.invoked_subcommand != "worker":
+        _load()
 
 
 @cli.command()
@@ -618,6 +662,7 @@ def history(config_path: str | None, database_url: str | None, app: str | None, 
 async def replay_execution(rt: Runtime, execution_id: str) -> ReplayResult:
     """Read an execution's whole history and replay it against the app's current code
     (docs/workflows.md, "Checking a code change against production histories")."""
+    _load()
     execution = await rt.service.get(execution_id)
     workflow = rt.external.workflows.get(execution.ffqn)
     if execution.engine is not None or workflow is not None:
