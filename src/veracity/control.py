@@ -192,14 +192,22 @@ def canonical_json(value: JSON) -> str:
 def request_digest(
     ffqn: str, params: list[JSON], scheduled_at: datetime | None, paused: bool = False
 ) -> str:
-    body: dict[str, JSON] = {
-        "ffqn": ffqn,
-        "params": params,
-        "scheduled_at": scheduled_at.astimezone(UTC).isoformat() if scheduled_at else None,
-    }
-    if paused:  # only when set, so digests of earlier requests stay the same
-        body["paused"] = True
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    """The digest of a submission's request, stored with an idempotency key: a SHA-256 of
+    the canonical JSON of ``{ffqn, params, scheduled_at}`` (and ``paused`` only when set,
+    so that digests of earlier requests stay the same)."""
+    return digest_of(ffqn, canonical_json(params), scheduled_at, paused)
+
+
+def digest_of(ffqn: str, params_json: str, scheduled_at: datetime | None,
+              paused: bool = False) -> str:
+    """:func:`request_digest` from the params' canonical JSON, already made: the
+    canonical JSON of the whole body is written out (keys in sorted order) instead of
+    encoding the params again."""
+    when = json.dumps(scheduled_at.astimezone(UTC).isoformat() if scheduled_at else None)
+    held = ',"paused":true' if paused else ""
+    text = (f'{{"ffqn":{json.dumps(ffqn, ensure_ascii=False)},"params":{params_json}'
+            f'{held},"scheduled_at":{when}}}')
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def encode_cursor(execution: Execution) -> str:
@@ -313,16 +321,24 @@ class ExecutionService:
                 f"unknown workflow {ffqn!r} (known: {known})", code="unknown_workflow"
             )
 
-    def _check_payload(self, what: str, value: JSON) -> None:
-        check_depth(what, value)
+    def _check_payload(self, what: str, value: JSON) -> str:
+        """Check a JSON value (depth, size, what JSON can carry); its canonical JSON."""
         try:
-            encoded = canonical_json(value).encode()
+            text = canonical_json(value)
+        except RecursionError:
+            raise InvalidInput(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels",
+                               code="invalid_json") from None
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"{what} is not JSON: {exc}", code="invalid_json") from None
-        if len(encoded) > self.max_payload_bytes:
+        if len(text) > MAX_JSON_DEPTH:  # shorter, it cannot nest that deep
+            check_depth(what, value)
+        # a character is at most 4 bytes in UTF-8: encode only what might be too large
+        size = len(text.encode()) if len(text) * 4 > self.max_payload_bytes else len(text)
+        if size > self.max_payload_bytes:
             raise PayloadTooLarge(
-                f"{what} is {len(encoded)} bytes; the limit is {self.max_payload_bytes}"
+                f"{what} is {size} bytes; the limit is {self.max_payload_bytes}"
             )
+        return text
 
     def _check_params(self, ffqn: str, params: Sequence[JSON]) -> None:
         shape = self.shapes.get(ffqn)
@@ -339,7 +355,7 @@ class ExecutionService:
         if isinstance(params, str | bytes) or not isinstance(params, Sequence):
             raise InvalidInput("params must be a JSON array", code="invalid_params")
         param_list = list(params)
-        self._check_payload("params", param_list)
+        params_json = self._check_payload("params", param_list)
         self._check_params(item.ffqn, param_list)
         key = item.idempotency_key
         if key is not None and "\x00" in key:
@@ -351,14 +367,15 @@ class ExecutionService:
                 code="invalid_idempotency_key",
             )
         check_time("scheduled_at", item.scheduled_at)
-        digest = request_digest(item.ffqn, param_list, item.scheduled_at, item.paused)
+        digest = (digest_of(item.ffqn, params_json, item.scheduled_at, item.paused)
+                  if key else None)
         return NewExecution(
             ffqn=item.ffqn,
             params=param_list,
             deployment_id=self.deployment_id,
             id=new_execution_id(),
             idempotency_key=key,
-            request_digest=digest if key else None,
+            request_digest=digest,
             scheduled_at=item.scheduled_at,
             paused=item.paused,
         )

@@ -12,7 +12,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from veracity.api.auth import ROUTE_ACCESS, TokenAuth, check_routes, declare_security
 from veracity.api.errors import error_response, install_error_handlers
@@ -88,6 +88,9 @@ def _statuses(values: list[str] | None) -> tuple[Status, ...]:
                     f"unknown status {part!r} (one of {names})", code="invalid_status"
                 ) from None
     return tuple(out)
+
+
+_SUBMISSIONS = TypeAdapter(list[SubmitRequest])
 
 
 def _validation_text(exc: ValidationError) -> str:
@@ -203,8 +206,7 @@ def create_api(
                                                            "idempotency key named an "
                                                            "execution already"}, **ERRORS},
     )
-    async def submit_batch(body: BatchRequest, service: Service,
-                           response: Response) -> BatchOut:
+    async def submit_batch(body: BatchRequest, service: Service) -> Response:
         """Up to 1,000 submissions in one transaction, answered in order. Each item is
         what POST /v1/executions takes, with its own idempotency key (a key repeated in the
         batch answers the first one's execution). Nothing is written when the batch has
@@ -217,20 +219,25 @@ def create_api(
                                   f"one has {len(body.items):,}")
         items: list[SubmitItem] = []
         refused: dict[int, VeracityError] = {}
-        for index, raw in enumerate(body.items):
-            try:
-                one = SubmitRequest.model_validate(raw)
-            except ValidationError as exc:
-                refused[index] = InvalidInput(_validation_text(exc), code="invalid_input")
-                items.append(SubmitItem(""))
-                continue
-            items.append(SubmitItem(one.ffqn, one.params, one.idempotency_key,
-                                    one.scheduled_at, one.paused))
+        try:  # all at once; item by item only to name the bad ones
+            items = [SubmitItem(one.ffqn, one.params, one.idempotency_key, one.scheduled_at,
+                                one.paused) for one in _SUBMISSIONS.validate_python(body.items)]
+        except ValidationError:
+            for index, raw in enumerate(body.items):
+                try:
+                    one = SubmitRequest.model_validate(raw)
+                except ValidationError as exc:
+                    refused[index] = InvalidInput(_validation_text(exc), code="invalid_input")
+                    items.append(SubmitItem(""))
+                    continue
+                items.append(SubmitItem(one.ffqn, one.params, one.idempotency_key,
+                                        one.scheduled_at, one.paused))
         done = await service.submit_prepared(service.prepare_many(items, refused))
-        if not any(created for _, created in done):
-            response.status_code = 200
-        return BatchOut(items=[ExecutionOut.of(e) for e, _ in done],
-                        created=[created for _, created in done])
+        answer = BatchOut.model_construct(items=[ExecutionOut.of(e) for e, _ in done],
+                                          created=[created for _, created in done])
+        # serialized here, once (FastAPI would validate the 1,000 items again first)
+        return Response(answer.model_dump_json(), media_type="application/json",
+                        status_code=201 if any(answer.created) else 200)
 
     @app.get("/v1/executions", response_model=ExecutionPage, responses=ERRORS)
     async def list_executions(

@@ -150,7 +150,9 @@ class ExecutionOut(BaseModel):
                 if size > elide_over:
                     elided[name] = size
                     values[name] = None
-        return cls(
+        # constructed, not validated: every value comes typed from the store's Execution
+        # (a batch answers 1,000 of them)
+        return cls.model_construct(
             id=str(e.id),
             ffqn=e.ffqn,
             params=values["params"],
