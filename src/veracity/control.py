@@ -325,6 +325,7 @@ class ExecutionService:
         """Check a JSON value (depth, size, what JSON can carry); its canonical JSON."""
         try:
             text = canonical_json(value)
+            size = len(text.encode())  # and a lone surrogate is refused here
         except RecursionError:
             raise InvalidInput(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels",
                                code="invalid_json") from None
@@ -332,8 +333,6 @@ class ExecutionService:
             raise InvalidInput(f"{what} is not JSON: {exc}", code="invalid_json") from None
         if len(text) > MAX_JSON_DEPTH:  # shorter, it cannot nest that deep
             check_depth(what, value)
-        # a character is at most 4 bytes in UTF-8: encode only what might be too large
-        size = len(text.encode()) if len(text) * 4 > self.max_payload_bytes else len(text)
         if size > self.max_payload_bytes:
             raise PayloadTooLarge(
                 f"{what} is {size} bytes; the limit is {self.max_payload_bytes}"
