@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 import uuid
+from pathlib import Path
 
 from bench._util import scratch_pg_database, server
 
@@ -84,15 +86,25 @@ async def _count(database_url: str) -> int:
         await store.close()
 
 
+def _cpu(pid: int) -> float:
+    """User and system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(database_url: str, label: str, args: argparse.Namespace) -> None:
-    with server(database_url) as url:
+    pids: list[int] = []
+    with server(database_url, pids=pids) as url:
+        before = _cpu(pids[0])
         done, elapsed, latencies = asyncio.run(
             _batches(url, args.seconds, args.clients, args.batch))
+        cpu = _cpu(pids[0]) - before
         p50 = statistics.median(latencies) * 1000
         p99 = sorted(latencies)[int(len(latencies) * 0.99)] * 1000 if latencies else 0.0
         print(f"batch submissions, {label}: {done / elapsed:,.0f} executions/s ({done:,} in "
               f"{elapsed:.1f} s; batches of {args.batch}, {args.clients} clients; a batch "
-              f"p50 {p50:.0f} ms, p99 {p99:.0f} ms) (target >= 20,000/s)")
+              f"p50 {p50:.0f} ms, p99 {p99:.0f} ms; the server's CPU {cpu / done * 1e6:.0f} µs an "
+              f"execution) (target >= 20,000/s; load average {os.getloadavg()[0]:.1f})")
         singles, took = _singles(url, args.single)
         print(f"single submissions through Client.submit, one client, {label}: "
               f"{singles / took:,.0f}/s ({took / singles * 1000:.2f} ms a call)")
