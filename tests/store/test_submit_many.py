@@ -8,7 +8,8 @@ whole, with nothing written.
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+import uuid
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -163,3 +164,21 @@ async def test_naive_scheduled_at_is_refused(store: Store, clock: ManualClock) -
     with pytest.raises(ValueError):
         await store.execution_submit_many([new_execution(scheduled_at=naive)])
     assert await _all_ids(store) == set()
+
+
+@pytest.mark.parametrize("micro", [0, 123456], ids=["whole-second", "microseconds"])
+async def test_a_batch_writes_the_first_event_a_single_submission_writes(
+    store: Store, clock: ManualClock, micro: int
+) -> None:
+    when = (clock.now() + timedelta(days=2)).replace(microsecond=micro)
+    single = new_execution("app.same", [{"b": 1, "a": [None, "ü"]}], idempotency_key="s",
+                           scheduled_at=when)
+    batched = dataclasses.replace(single, id=uuid.uuid4(), idempotency_key="b")
+    await store.execution_submit(single)
+    await store.execution_submit_many([batched])
+    (one,) = await store.history_list(single.id)
+    (other,) = await store.history_list(batched.id)
+    assert (other.kind, other.at, other.seq) == (one.kind, one.at, one.seq)
+    assert isinstance(one.data, dict) and isinstance(other.data, dict)
+    assert {**other.data, "idempotency_key": "s"} == one.data
+    assert datetime.fromisoformat(other.data["scheduled_at"]) == when

@@ -993,14 +993,6 @@ def adopt(from_id: str, to_id: str, ffqn_prefix: str | None, actor: str,
 # -- batch submission ------------------------------------------------------------------------
 
 
-def _submitted_event(e: Execution) -> dict[str, JSON]:
-    """The data of a submission's first event (as execution_submit writes it)."""
-    return {"ffqn": e.ffqn, "params": e.params, "deployment_id": e.deployment_id,
-            "scheduled_at": e.scheduled_at.isoformat(),
-            "parent_id": str(e.parent_id) if e.parent_id else None,
-            "join_set": e.join_set, "idempotency_key": e.idempotency_key}
-
-
 def submit_many(items: Sequence[NewExecution], now: datetime | None) -> Op:
     """A batch of submissions in a fixed number of statements: insert every item whose key
     is new to the batch (a key stored already, committed or not, is waited for and
@@ -1023,10 +1015,8 @@ def submit_many(items: Sequence[NewExecution], now: datetime | None) -> Op:
          "request_digest": n.request_digest, "scheduled_at": n.scheduled_at}
         for n in inserting])})
     inserted = {r["id"]: execution_from(r) for r in rows}
-    if inserted:
-        yield Query("history_append_many", {"now": now, "rows": JsonParam([
-            {"execution_id": str(e.id), "seq": 1, "kind": str(e.status),
-             "data": _submitted_event(e)} for e in inserted.values()])})
+    if inserted:  # their first events, made from the rows (as execution_submit makes one)
+        yield Query("history_of_submitted", {"ids": list(inserted)})
     by_id: dict[uuid.UUID, Row] = {}
     by_key: dict[str, Row] = {}
     skipped = [n for n in inserting if n.id not in inserted]

@@ -55,7 +55,7 @@ SELECT * FROM ins
 
 -- name: execution_submit_many
 -- rows [{id, ffqn, params, paused, deployment_id, idempotency_key, request_digest,
--- scheduled_at}]: a batch of submissions (store/_ops.py submit_many writes their events). A
+-- scheduled_at}]: a batch of submissions (history_of_submitted writes their events). A
 -- key that exists is skipped (ON CONFLICT waits for its inserter to commit); rows in key
 -- order, so that batches sharing keys wait for each other instead of deadlocking.
 INSERT INTO veracity_executions (
@@ -73,6 +73,17 @@ FROM json_to_recordset(%(rows)s::json) AS r (
 ORDER BY r.idempotency_key
 ON CONFLICT DO NOTHING
 RETURNING *
+
+-- name: history_of_submitted
+-- the first events of executions a batch inserted, with the data execution_submit gives
+-- its one
+INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+SELECT id, 1, status, created_at, json_build_object(
+    'ffqn', ffqn, 'params', params, 'deployment_id', deployment_id,
+    'scheduled_at', scheduled_at, 'parent_id', parent_id, 'join_set', join_set,
+    'idempotency_key', idempotency_key)
+FROM veracity_executions
+WHERE id = ANY (%(ids)s::uuid[])
 
 -- name: execution_by_keys_or_ids
 SELECT * FROM veracity_executions

@@ -35,7 +35,7 @@ VALUES (:execution_id, :seq, :kind, :at, :data)
 
 -- name: execution_submit_many
 -- rows [{id, ffqn, params, paused, deployment_id, idempotency_key, request_digest,
--- scheduled_at}]: a batch of submissions (store/_ops.py submit_many writes their events);
+-- scheduled_at}]: a batch of submissions (history_of_submitted writes their events);
 -- a key that exists is skipped
 INSERT INTO veracity_executions (
     id, ffqn, params, status, paused_from, attempt, deployment_id, idempotency_key,
@@ -50,6 +50,20 @@ SELECT json_extract(value, '$.id'), json_extract(value, '$.ffqn'),
 FROM json_each(:rows) WHERE true
 ON CONFLICT DO NOTHING
 RETURNING *
+
+-- name: history_of_submitted
+-- the first events of executions a batch inserted, with the data execution_submit gives
+-- its one (scheduled_at as Python's isoformat writes a UTC time: microseconds only when
+-- there are any)
+INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+SELECT id, 1, status, created_at, json_object(
+    'ffqn', ffqn, 'params', json(params), 'deployment_id', deployment_id,
+    'scheduled_at', strftime('%Y-%m-%dT%H:%M:%S', scheduled_at / 1000000, 'unixepoch')
+        || CASE WHEN scheduled_at % 1000000 = 0 THEN ''
+                ELSE printf('.%06d', scheduled_at % 1000000) END || '+00:00',
+    'parent_id', parent_id, 'join_set', join_set, 'idempotency_key', idempotency_key)
+FROM veracity_executions
+WHERE id IN (SELECT value FROM json_each(:ids))
 
 -- name: execution_by_keys_or_ids
 SELECT * FROM veracity_executions
