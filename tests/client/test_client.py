@@ -10,6 +10,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,32 @@ def test_a_server_that_never_answers_is_given_up_after_the_timeout() -> None:
             with pytest.raises(ServerUnreachable):  # a long poll: its wait plus the timeout
                 client.wait(str(uuid.uuid4()), timeout=1)
             assert time.monotonic() - started < 4
+
+
+def test_a_stopping_server_answers_its_long_polls_at_once(live: Server) -> None:
+    """SIGTERM: a long poll under way is answered with the execution's state then, and the
+    server stops without waiting for the poll's end."""
+    import signal
+    import threading
+
+    with Client(live.url, timeout=5) as client:
+        later = client.submit(ECHO, "x", scheduled_at=datetime(2099, 1, 1, tzinfo=UTC))
+        answers: list[object] = []
+
+        def poll() -> None:
+            try:
+                answers.append(client.wait(later.id, timeout=50))
+            except Exception as exc:  # the WaitTimeout or an unreachable server
+                answers.append(exc)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(0.5)  # the poll is under way
+        started = time.monotonic()
+        live.proc.send_signal(signal.SIGTERM)
+        assert live.proc.wait(timeout=20) == 0, live.stderr()
+        poller.join(timeout=20)
+        assert time.monotonic() - started < 15
+        assert not poller.is_alive()
+        # answered "pending" first; the client's next poll then found no server
+        assert len(answers) == 1 and isinstance(answers[0], ServerUnreachable | WaitTimeout)
