@@ -95,6 +95,24 @@ class ReadStore(Protocol):
     async def execution_flag_counts(self) -> dict[str, int]:
         """How many executions carry each flag kind (terminal forced ones included)."""
 
+    async def execution_status_counts(self) -> dict[str, int]:
+        """How many executions there are in each status (a status with none is absent)."""
+
+    async def execution_children_of(
+        self, parent_ids: Sequence[uuid.UUID], *, limit: int
+    ) -> list[Execution]:
+        """Up to ``limit`` children of these executions, by parent, then oldest first
+        (created_at, id)."""
+
+    async def history_list_kinds(
+        self, execution_id: uuid.UUID, kinds: Sequence[str], *, after_seq: int = 0,
+        limit: int = 1000,
+    ) -> list[HistoryEvent]:
+        """History events of these kinds only, in order of ``seq``."""
+
+    async def history_kind_counts(self, execution_id: uuid.UUID) -> dict[str, int]:
+        """How many events of each kind the execution's history holds."""
+
     async def cron_records(self, names: Sequence[str]) -> dict[str, CronRecord]:
         """The recorded cron entries among ``names`` (one not yet run by any server is
         absent), each with its newest slot and that slot's execution and status."""
@@ -319,25 +337,28 @@ class ControlStore(TokenStore, RetryWrites, DelegatedWrites, ReadStore, Protocol
         """
 
     async def execution_cancel(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult:
         """Request cancellation of the execution and, recursively, of its unfinished
         -cancellable children; record cancelled at once what is not running and has no
         unfinished children. A terminal execution is left unchanged."""
 
     async def execution_pause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult: ...
 
     async def execution_unpause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult: ...
 
     async def message_send(
-        self, execution_id: uuid.UUID, topic: str, payload: JSON
+        self, execution_id: uuid.UUID, topic: str, payload: JSON, *,
+        actor: str | None = None, reason: str | None = None,
     ) -> ControlResult:
         """Store a message durably and wake the execution if it is blocked; refused for a
-        terminal execution."""
+        terminal execution. ``actor`` and ``reason``, when given, are recorded in its
+        ``message_arrived`` event (an operator's reason, given on cancel, pause and
+        unpause too, goes into the event those record)."""
 
     async def execution_callback(
         self, execution_id: uuid.UUID, token: str, report: CallbackReport, payload: JSON, *,

@@ -802,3 +802,27 @@ RETURNING id, history_seq
 -- name: notify_pending
 -- adopted pending executions are due for the new deployment's workers: wake them
 SELECT pg_notify('veracity_pending', '')
+
+-- ---------------------------------------------------------------------------------------
+-- The dashboard's reads (docs/dashboard.md)
+
+-- name: execution_status_counts
+SELECT status, count(*) AS n FROM veracity_executions GROUP BY status
+
+-- name: execution_children_of
+SELECT * FROM veracity_executions
+WHERE parent_id = ANY (%(parent_ids)s::uuid[])
+ORDER BY parent_id, created_at, id
+LIMIT %(limit)s
+
+-- name: history_list_kinds
+SELECT * FROM veracity_history
+WHERE execution_id = %(id)s AND seq > %(after_seq)s AND kind = ANY (%(kinds)s::text[])
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: history_kind_counts
+SELECT kind, count(*) AS n FROM veracity_history
+WHERE execution_id = %(id)s
+GROUP BY kind
+ORDER BY kind

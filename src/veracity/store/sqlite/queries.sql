@@ -671,3 +671,28 @@ RETURNING *
 -- name: token_touch
 UPDATE veracity_api_tokens SET last_used_at = :now
 WHERE key_id = :key_id AND (last_used_at IS NULL OR last_used_at < :now)
+
+-- ---------------------------------------------------------------------------------------
+-- The dashboard's reads (docs/dashboard.md)
+
+-- name: execution_status_counts
+SELECT status, count(*) AS n FROM veracity_executions GROUP BY status
+
+-- name: execution_children_of
+SELECT * FROM veracity_executions
+WHERE parent_id IN (SELECT value FROM json_each(:parent_ids))
+ORDER BY parent_id, created_at, id
+LIMIT :limit
+
+-- name: history_list_kinds
+SELECT * FROM veracity_history
+WHERE execution_id = :id AND seq > :after_seq
+  AND kind IN (SELECT value FROM json_each(:kinds))
+ORDER BY seq
+LIMIT :limit
+
+-- name: history_kind_counts
+SELECT kind, count(*) AS n FROM veracity_history
+WHERE execution_id = :id
+GROUP BY kind
+ORDER BY kind
