@@ -44,6 +44,7 @@ from veracity.core.requests import CallbackReport
 from veracity.core.states import Status
 from veracity.errors import BadRequest, InvalidInput
 from veracity.models import ExecutionFilter
+from veracity.ui.routes import install_dashboard
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorOut} for status in (400, 404, 409, 413, 422)
@@ -365,6 +366,7 @@ def create_api(
         return HistoryPage(items=[HistoryItem.of(e) for e in page],
                            next_cursor=str(after) if after is not None else None)
 
+    install_dashboard(app, auth_required=auth_required)  # /ui (docs/dashboard.md)
     check_routes(app.router.routes, ROUTE_ACCESS)  # a route without its access is a bug
     declare_security(app, auth_required)
     return app
