@@ -82,7 +82,7 @@ async def test_pause_of_an_ended_execution_is_refused_with_its_state(
     response = await post(client, f"/ui/executions/{e.id}/pause", REASON)
     assert response.status_code == 409
     assert "pause refused (wrong_state)" in text_of(response.text)
-    assert "the execution is completed" in text_of(response.text)
+    assert "execution is completed" in text_of(response.text)
 
 
 async def test_send_validates_the_topic_and_the_json_payload(

@@ -18,6 +18,27 @@ JSON_SHOWN = 16_384
 NEEDS_A_PERSON = ("failed", "failed_transient", "blocked", "paused")
 """Statuses counted at the top of the list (with flagged and stranded executions)."""
 
+FLAG_ADVICE: dict[str, str] = {
+    "no_external_id": "Veracity never learnt the engine's id for this run, so it cannot ask "
+                      "whether the run exists. Look for it in the engine: attach its id if "
+                      "you find it; if it never started, fail it (it ends on your word).",
+    "trigger_unknown": "The trigger's answer was ambiguous (a timeout, a 5xx, no id). Look "
+                       "for the run in the engine and attach its id, or fail it if it never "
+                       "started.",
+    "engine_unconfigured": "This server has no configuration for the run's engine: it can "
+                           "neither ask nor stop it. Configure the engine, or end the run "
+                           "with force once you have checked it in the engine.",
+    "unknown_id": "The engine says it has no run with this id. If the engine lost it, fail "
+                  "it; if the id is wrong, attach the right one. The flag clears by itself "
+                  "if a later look finds the run.",
+    "stop_unconfirmed": "A stop was wanted (its limit, a cancel or an operator) and the "
+                        "engine has not confirmed it. Stop the run in the engine; Veracity "
+                        "ends it once the engine confirms, or force the end.",
+    "forced": "Ended by an operator without the engine's confirmation: check in the engine "
+              "that the run really stopped.",
+}
+"""What the flagged page suggests for each flag kind (docs/external.md)."""
+
 STATUS_WORDS: dict[str, str] = {
     "pending": "waiting for a worker",
     "running": "held by a worker or an engine",

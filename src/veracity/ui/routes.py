@@ -129,7 +129,7 @@ class Dashboard:
             ago=present.ago, unfinished=present.is_unfinished, urlencode=urlencode,
             poll_seconds=POLL_SECONDS, statuses=[s.value for s in Status],
             needs_a_person=present.NEEDS_A_PERSON, quote=quote,
-            by_join_set=present.by_join_set)
+            by_join_set=present.by_join_set, flag_advice=present.FLAG_ADVICE)
         self.static = {name: resources.files("veracity.ui").joinpath("static", name)
                        .read_bytes() for name in STATIC}
 
@@ -435,7 +435,8 @@ def install_dashboard(app: FastAPI, *, auth_required: bool) -> None:
             if exc.status in (400, 404):
                 return ui.error(request, 404, "No such execution", exc.message)
             state = exc.details.get("state")
-            message = exc.message + (f" (the execution is {state})" if state else "")
+            known = state is None or f"is {state}" in exc.message
+            message = exc.message + ("" if known else f" (the execution is {state})")
             return await _detail(request, execution_id, status=exc.status,
                                  error=f"{action} refused ({exc.code}): {message}", form=form)
         return RedirectResponse(
