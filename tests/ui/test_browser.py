@@ -44,9 +44,7 @@ def _missing_browser() -> None:
                 "fonts-liberation (.ci/run installs them when missing)")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    folder = tmp_path_factory.mktemp("ui-server")
+def _serve(folder: Path, **extra: str) -> Iterator[dict[str, Any]]:
     database_url = f"sqlite:///{folder}/ui.db"
     port = free_port()
     env = process_env(database_url, {
@@ -54,7 +52,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         "VERACITY_HOST": "127.0.0.1", "VERACITY_POLL_INTERVAL": "0.2",
         "VERACITY_DEPLOYMENT_ID": "d-browser",
         # no tick during the tests: the flagged run keeps the flag this module gives it
-        "VERACITY_RECONCILER_INTERVAL": "3600"})
+        "VERACITY_RECONCILER_INTERVAL": "3600", **extra})
     err = folder / "server.err"
     with err.open("wb") as stderr:
         proc = subprocess.Popen([VERACITY, "server"], env=env, cwd=folder,
@@ -74,7 +72,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             if time.monotonic() > deadline:
                 raise AssertionError(f"the server did not start:\n{err.read_text()}")
             time.sleep(0.05)
-        yield {"url": url, "database_url": database_url}
+        yield {"url": url, "database_url": database_url, "env": env, "folder": folder}
     finally:
         proc.terminate()
         try:
@@ -82,6 +80,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from _serve(tmp_path_factory.mktemp("ui-server"))
+
+
+@pytest.fixture(scope="module")
+def secured_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server that requires API tokens (auth.required), on loopback."""
+    yield from _serve(tmp_path_factory.mktemp("ui-secured"), VERACITY_AUTH_REQUIRED="true")
 
 
 @pytest.fixture(scope="module")
@@ -355,3 +364,50 @@ def test_the_other_pages_read_well(page: Page, server: dict[str, Any]) -> None:
     page.goto("/ui/bulk?action=pause&ffqn_prefix=ui:demo/waiter&status=blocked")
     expect(page.locator("#applicable")).to_be_visible()
     shot(page, "bulk")
+
+
+def _token(server: dict[str, Any], name: str, *scopes: str) -> str:
+    args = [VERACITY, "token", "create", "--name", name]
+    for scope in scopes:
+        args += ["--scope", scope]
+    made = subprocess.run(args, env=server["env"], cwd=server["folder"], capture_output=True,
+                          text=True, timeout=30, check=True)
+    return made.stdout.strip()
+
+
+def test_a_token_is_asked_for_once_and_each_action_needs_its_scope(
+    browser: Browser, secured_server: dict[str, Any]
+) -> None:
+    reader = _token(secured_server, "reader", "executions:read")
+    context = browser.new_context(base_url=secured_server["url"])
+    page = context.new_page()
+    try:
+        page.goto("/ui/executions")
+        assert "/ui/login" in page.url
+        page.locator("input[name=token]").fill("vrc_wrong_token")
+        page.get_by_role("button", name="Sign in").click()
+        expect(page.locator(".error")).to_contain_text("unknown API token")
+        page.locator("input[name=token]").fill(reader)
+        shot(page, "login")
+        page.get_by_role("button", name="Sign in").click()
+        expect(page.locator("h1")).to_have_text("Executions")
+        expect(page.locator(".who")).to_contain_text("reader")
+        cookie = next(c for c in context.cookies() if c["name"] == "veracity_token")
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert page.evaluate("document.cookie").find("veracity_token") == -1
+        # the API itself still needs the token: the cookie is the dashboard's only
+        submitter = _token(secured_server, "submitter", "executions:submit")
+        response = httpx.post(f"{secured_server['url']}/v1/executions", timeout=5,
+                              json={"ffqn": WAITER, "params": ["secured"]},
+                              headers={"Authorization": f"Bearer {submitter}"})
+        ident = response.json()["id"]
+        page.goto(f"/ui/executions/{ident}")
+        act(page, "Pause", "a reader may not")
+        expect(page.locator(".error")).to_contain_text("lacks the scope executions:pause")
+        shot(page, "forbidden")
+        page.locator(".who button").click()
+        expect(page.locator("h1")).to_have_text("Sign in")
+        page.goto("/ui/workers")
+        assert "/ui/login" in page.url
+    finally:
+        context.close()
