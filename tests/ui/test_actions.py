@@ -201,7 +201,8 @@ async def test_script_in_params_results_topics_and_reasons_is_escaped(
             "\\u003cscript" in html) or page == "/ui/executions", page
     detail = (await client.get(f"/ui/executions/{e.id}")).text
     assert detail.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 3  # params, topic, reason
-    assert re.findall(r"<script[^>]*>", detail) == ['<script src="/ui/static/htmx.min.js" defer>']
+    assert re.findall(r"<script[^>]*>", detail) == [
+        '<script src="/ui/static/dashboard.js">', '<script src="/ui/static/htmx.min.js" defer>']
 
 
 # -- tokens -------------------------------------------------------------------------------

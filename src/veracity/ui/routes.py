@@ -46,6 +46,7 @@ STATIC: dict[str, str] = {
     "htmx.min.js": "text/javascript; charset=utf-8",
     "htmx.LICENSE.txt": "text/plain; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
+    "dashboard.js": "text/javascript; charset=utf-8",
 }
 
 SECURITY_HEADERS = {
