@@ -278,12 +278,21 @@ async def test_each_action_needs_the_scope_its_api_route_needs(
 async def test_a_revoked_token_in_the_cookie_goes_back_to_sign_in(
     secured: httpx.AsyncClient, service: ExecutionService, store: Store
 ) -> None:
-    reader = await _token(store, "gone", "executions:read")
+    e = await submit(service)
+    reader = await _token(store, "gone", "executions:read", "executions:pause")
     assert (await post(secured, "/ui/login", {"token": reader})).status_code == 303
     assert (await secured.get("/ui/workers")).status_code == 200
     await TokenService(store).revoke("gone")
-    again = await secured.get("/ui/workers")
-    assert again.status_code == 303 and again.headers["location"].startswith("/ui/login")
+    again = await secured.get("/ui/workers?x=1")
+    assert again.status_code == 303
+    assert again.headers["location"] == "/ui/login?next=%2Fui%2Fworkers%3Fx%3D1"
+    assert 'veracity_token=""' in again.headers["set-cookie"]
+    # a post sends the browser back to the page it was made from, after signing in
+    await _token(store, "other", "executions:read")
+    posted = await post(secured, f"/ui/executions/{e.id}/pause", REASON)
+    assert posted.status_code == 303
+    assert posted.headers["location"] == f"/ui/login?next=%2Fui%2Fexecutions%2F{e.id}"
+    assert (await service.get(e.id)).status == Status.PENDING
 
 
 # -- bulk ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ scope (veracity.api.auth.ROUTE_ACCESS). See docs/dashboard.md.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -195,6 +196,10 @@ def install_dashboard(app: FastAPI, *, auth_required: bool) -> None:
             target = request.url.path
             if request.method == "GET" and request.url.query:
                 target += "?" + request.url.query
+            elif request.method != "GET":
+                # a post has no page of its own: back to the page it was made from
+                match = re.fullmatch(r"(/ui/executions/[^/]+)/[a-z]+", target)
+                target = match.group(1) if match else "/ui/executions"
             response: Response = RedirectResponse(
                 "/ui/login?" + urlencode({"next": target}), status_code=303)
             if request.cookies.get(DASHBOARD_TOKEN_COOKIE):
