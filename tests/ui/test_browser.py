@@ -411,3 +411,21 @@ def test_a_token_is_asked_for_once_and_each_action_needs_its_scope(
         assert "/ui/login" in page.url
     finally:
         context.close()
+
+
+def test_no_page_logs_an_error_or_breaks_its_content_security_policy(
+    page: Page, server: dict[str, Any]
+) -> None:
+    """A script or style the policy refuses, a failed request (a favicon included) or a
+    script error would show in the browser's console."""
+    ident = submit(server, WAITER, "console")
+    logged: list[str] = []
+    page.on("console", lambda m: logged.append(f"{m.type}: {m.text}")
+            if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: logged.append(f"pageerror: {e}"))
+    for path in ("/ui/executions", f"/ui/executions/{ident}", "/ui/flagged", "/ui/workers",
+                 "/ui/deployments", "/ui/crons"):
+        page.goto(path)
+        if path.startswith("/ui/executions"):
+            page.wait_for_timeout(POLL_MS + 500)  # one poll at least
+    assert logged == []
