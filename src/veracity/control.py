@@ -488,8 +488,8 @@ class ExecutionService:
             cancelled = await self.get(cancelled.id) if look.action else cancelled
         return cancelled, result.changed
 
-    async def retry(self, execution_id: str | uuid.UUID, *, actor: str | None = None
-                    ) -> Execution:
+    async def retry(self, execution_id: str | uuid.UUID, *, actor: str | None = None,
+                    reason: str | None = None) -> Execution:
         """A new execution retrying a failed (or failed_transient) one: linked to it
         (``retry_of``), in the current deployment, replaying the failed run's recorded calls
         up to its failure (its first failed step, child or schedule) and running on from
@@ -511,7 +511,7 @@ class ExecutionService:
                            deployment_id=self.deployment_id, id=new_execution_id(),
                            retry_of=old.id)
         result = await self.store.execution_retry(old.id, new, retry_replay(history),
-                                                  actor=actor)
+                                                  actor=actor, reason=reason)
         created = self._found(old.id, result)
         if self.on_submitted is not None:
             self.on_submitted()

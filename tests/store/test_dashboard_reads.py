@@ -5,10 +5,12 @@ message (docs/dashboard.md)."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 from tests.store._support import assert_history_consistent, new_execution
 from veracity.clock import ManualClock
 from veracity.core.states import Status
+from veracity.models import Claim
 from veracity.store import Store
 
 
@@ -92,3 +94,23 @@ async def test_no_reason_leaves_the_events_as_before(store: Store) -> None:
     assert events[1].data == {"by": "ann", "from": "pending"}
     assert events[2].data == {"by": None, "reason": "unpaused"}
     assert set(events[3].data) == {"message_id", "topic"}
+
+
+async def test_a_retry_records_its_reason_in_the_new_executions_first_event(
+    store: Store
+) -> None:
+    old = (await store.execution_submit(new_execution())).execution
+    [claimed] = await store.execution_claim("w", [old.ffqn], limit=1,
+                                            lease_ttl=timedelta(seconds=30))
+    assert (await store.execution_fail_if_owned(
+        Claim(claimed.id, "w", claimed.lease_epoch), {"message": "x"})).applied
+    retried = await store.execution_retry(old.id, new_execution(), [], actor="ann",
+                                          reason="the mail server is back")
+    assert retried.execution is not None and retried.changed
+    [first] = await store.history_list(retried.execution.id)
+    assert first.data["by"] == "ann"
+    assert first.data["reason"] == "the mail server is back"
+    plain = await store.execution_retry(old.id, new_execution(), [])
+    assert plain.execution is not None
+    [first] = await store.history_list(plain.execution.id)
+    assert "reason" not in first.data

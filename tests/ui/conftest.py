@@ -117,3 +117,11 @@ async def flagged(service: ExecutionService, store: Store,
         flag=FlagKind.NO_EXTERNAL_ID)])
     assert applied
     return await service.get(e.id)
+
+
+async def failed(service: ExecutionService, store: Store) -> Execution:
+    e = await submit(service, MAIL)
+    c = await claim(store, MAIL)
+    assert c.execution_id == e.id
+    assert (await store.execution_fail_if_owned(c, {"message": "smtp down"})).applied
+    return await service.get(e.id)

@@ -19,6 +19,7 @@ from tests.ui.conftest import (
     client_for,
     completed,
     csrf,
+    failed,
     flagged,
     post,
     submit,
@@ -127,6 +128,30 @@ async def test_resolve_attaches_an_external_id_to_a_flagged_run(
     assert response.status_code == 303, response.text
     assert response.headers["location"].endswith("notice=resolve-attached")
     assert (await service.get(e.id)).external_execution_id == "run-9"
+
+
+async def test_retry_of_a_failed_execution_opens_the_new_one_with_the_reason(
+    client: httpx.AsyncClient, service: ExecutionService, store: Store
+) -> None:
+    old = await failed(service, store)
+    page = await client.get(f"/ui/executions/{old.id}")
+    assert f'action="/ui/executions/{old.id}/retry"' in page.text
+    assert "smtp down" in text_of(page.text)
+    response = await post(client, f"/ui/executions/{old.id}/retry", REASON)
+    assert response.status_code == 303
+    new_id = response.headers["location"].split("/")[-1].split("?")[0]
+    new = await service.get(new_id)
+    assert new.retry_of == old.id and new.status == Status.PENDING
+    first = (await history(store, new.id))[0]
+    assert first.data["reason"] == "customer asked" and first.data["by"] == "dashboard"
+    shown = await client.get(response.headers["location"])
+    assert "This is the retry" in text_of(shown.text)
+    assert f'href="/ui/executions/{old.id}"' in shown.text  # retry of
+    # a pending one cannot be retried: refused with the API's reason
+    refused = await post(client, f"/ui/executions/{new.id}/retry", REASON)
+    assert refused.status_code == 409
+    assert "retry refused (wrong_state)" in text_of(refused.text)
+    assert (await service.get(old.id)).status == Status.FAILED
 
 
 @pytest.mark.parametrize(("form", "why"), [
@@ -255,7 +280,7 @@ async def test_each_action_needs_the_scope_its_api_route_needs(
     assert (await post(secured, "/ui/login", {"token": reader})).status_code == 303
     for action, scope in (("pause", "executions:pause"), ("cancel", "executions:cancel"),
                           ("messages", "executions:send"),
-                          ("resolve", "executions:resolve")):
+                          ("resolve", "executions:resolve"), ("retry", "executions:submit")):
         response = await post(secured, f"/ui/executions/{e.id}/{action}",
                               {"topic": "t", "action": "cancel", **REASON})
         assert response.status_code == 403, action

@@ -173,6 +173,9 @@ def test_which_actions_each_state_offers() -> None:
         assert not (ended.cancel or ended.pause or ended.unpause or ended.send
                     or ended.resolve)
         assert ended.cancel_why_not == f"it has ended ({status})"
+        assert ended.retry == (status in (Status.FAILED, Status.FAILED_TRANSIENT))
+    for status in (Status.PENDING, Status.RUNNING, Status.BLOCKED, Status.PAUSED):
+        assert not actions_for(_execution(status=status)).retry
 
 
 def test_children_group_by_join_set_in_order_of_appearance() -> None:

@@ -86,6 +86,7 @@ ROUTE_ACCESS: Mapping[tuple[str, str], Access] = {
     ("POST", f"{UI_EXECUTION}/unpause"): TokenScope.EXECUTIONS_PAUSE,
     ("POST", f"{UI_EXECUTION}/messages"): TokenScope.EXECUTIONS_SEND,
     ("POST", f"{UI_EXECUTION}/resolve"): TokenScope.EXECUTIONS_RESOLVE,
+    ("POST", f"{UI_EXECUTION}/retry"): TokenScope.EXECUTIONS_SUBMIT,
     ("GET", "/ui/bulk"): TokenScope.EXECUTIONS_READ,
     ("POST", "/ui/bulk/cancel"): TokenScope.EXECUTIONS_CANCEL,
     ("POST", "/ui/bulk/pause"): TokenScope.EXECUTIONS_PAUSE,

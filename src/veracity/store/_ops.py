@@ -338,7 +338,7 @@ def _stop_cancel(claim: Claim, seq: int, now: datetime | None) -> Op:
 
 
 def retry(old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
-          actor: str | None, now: datetime | None) -> Op:
+          actor: str | None, now: datetime | None, *, reason: str | None = None) -> Op:
     """A new execution retrying a failed one: pending, linked to it (``retry_of``), with the
     failed one's ``replayed`` journal events copied into its history after its ``pending``
     event, so that its run replays them. The failed execution is left unchanged. Refused
@@ -355,10 +355,10 @@ def retry(old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JS
         "deployment_id": new.deployment_id, "retry_of": old_id, "now": now,
         "history_seq": 1 + len(replayed)})
     created = execution_from(rows[0])
-    events: list[tuple[str, JSON]] = [("pending", {
+    events: list[tuple[str, JSON]] = [("pending", _with_reason({
         "ffqn": created.ffqn, "params": created.params,
         "deployment_id": created.deployment_id, "retry_of": str(old_id), "by": actor,
-        "replays": len(replayed)}), *replayed]
+        "replays": len(replayed)}, reason)), *replayed]
     yield from _events(created.id, 0, events, now)
     return ControlResult(created, changed=True)
 

@@ -280,10 +280,10 @@ class SharedMethods:
 
     async def execution_retry(
         self, old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
-        *, actor: str | None = None,
+        *, actor: str | None = None, reason: str | None = None,
     ) -> ControlResult:
         result: ControlResult = await self._op(
-            lambda: _ops.retry(old_id, new, replayed, actor, self._now()))
+            lambda: _ops.retry(old_id, new, replayed, actor, self._now(), reason=reason))
         return result
 
     async def execution_flag_counts(self) -> dict[str, int]:

@@ -294,7 +294,7 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
 class RetryWrites(Protocol):
     async def execution_retry(
         self, old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
-        *, actor: str | None = None,
+        *, actor: str | None = None, reason: str | None = None,
     ) -> ControlResult:
         """An operator's retry of a failed (or failed_transient) execution: ``new``, pending
         and linked to it (``retry_of``), with the ``replayed`` journal events of the failed

@@ -70,6 +70,9 @@ NOTICES = {
     "pause-unchanged": "It was already paused.",
     "unpause": "Released; the history records your reason.",
     "send": "Message stored; the history records it with your reason.",
+    "retry": "This is the retry: a new execution that replays the failed one's recorded "
+             "calls up to its failure and runs on from there; its first event records your "
+             "reason.",
     "resolve-attached": "External id attached.",
     "resolve-ended": "Ended: the engine confirmed the run finished.",
     "resolve-stop_requested": "The engine accepted the stop; the execution ends once it "
@@ -93,6 +96,7 @@ class Actions:
     unpause: bool
     send: bool
     resolve: bool
+    retry: bool
 
 
 def actions_for(e: Execution) -> Actions:
@@ -114,6 +118,7 @@ def actions_for(e: Execution) -> Actions:
             e.status == Status.RUNNING and e.pause_requested_at is not None),
         send=not terminal,
         resolve=delegated_running,
+        retry=e.status in (Status.FAILED, Status.FAILED_TRANSIENT),
     )
 
 
@@ -422,6 +427,10 @@ def install_dashboard(app: FastAPI, *, auth_required: bool) -> None:
                 notice = "pause" if changed else "pause-unchanged"
             elif action == "unpause":
                 await service.unpause(execution_id, actor=actor, reason=reason)
+            elif action == "retry":
+                new = await service.retry(execution_id, actor=actor, reason=reason)
+                return RedirectResponse(f"/ui/executions/{new.id}?notice=retry",
+                                        status_code=303)
             elif action == "send":
                 topic = form.get("topic", "")
                 text = form.get("payload", "").strip() or "null"
@@ -463,6 +472,10 @@ def install_dashboard(app: FastAPI, *, auth_required: bool) -> None:
     @app.post("/ui/executions/{execution_id}/messages", include_in_schema=False)
     async def send(request: Request, execution_id: str) -> Response:
         return await _act(request, execution_id, "send")
+
+    @app.post("/ui/executions/{execution_id}/retry", include_in_schema=False)
+    async def retry(request: Request, execution_id: str) -> Response:
+        return await _act(request, execution_id, "retry")
 
     @app.post("/ui/executions/{execution_id}/resolve", include_in_schema=False)
     async def resolve(request: Request, execution_id: str) -> Response:
