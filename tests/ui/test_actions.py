@@ -26,8 +26,10 @@ from tests.ui.conftest import (
     text_of,
 )
 from veracity.api import create_api
+from veracity.api.auth import ROUTE_ACCESS
 from veracity.control import ExecutionService, TokenService
 from veracity.core.states import Status
+from veracity.core.tokens import Scope as TokenScope
 from veracity.store import Store
 
 REASON = {"reason": "customer asked", "confirm": "yes"}
@@ -363,3 +365,23 @@ async def test_bulk_needs_a_good_filter_and_counts_only_what_it_can_cancel(
     assert "Matching 2" in text and re.search(r'<b id="applicable">1</b>', counted.text)
     refused = await post(client, "/ui/bulk/cancel", {"filter": "", "expected": "0", **REASON})
     assert refused.status_code == 422 and "set a filter first" in text_of(refused.text)
+
+
+async def test_every_dashboard_route_refuses_a_token_without_its_scope(
+    secured: httpx.AsyncClient, service: ExecutionService, store: Store
+) -> None:
+    """Each scoped /ui route of ROUTE_ACCESS, with a token holding every scope but the one
+    it needs (and not admin): a page naming that scope, and nothing written."""
+    e = await submit(service, MONITOR)
+    routes = {key: access for key, access in ROUTE_ACCESS.items()
+              if key[1].startswith("/ui") and isinstance(access, TokenScope)}
+    assert len(routes) >= 15
+    for i, ((method, template), needed) in enumerate(routes.items()):
+        path = template.replace("{execution_id}", str(e.id))
+        others = [s.value for s in TokenScope if s not in (needed, TokenScope.ADMIN)]
+        value = await _token(store, f"route-{i}", *others)
+        sent = await secured.request(method, path, headers={"Authorization": f"Bearer {value}"})
+        assert sent.status_code == 403, (method, template)
+        assert f"lacks the scope {needed.value}" in text_of(sent.text), (method, template)
+    assert len(await history(store, e.id)) == 1
+    assert (await service.get(e.id)).status == Status.PENDING
