@@ -327,7 +327,11 @@ def test_a_flagged_run_shows_in_the_flagged_page_and_is_resolved_there(
     run.locator("input[name=confirm]").check()
     run.locator("button[type=submit]").click()
     expect(page.locator(".notice")).to_contain_text("External id attached")
-    expect(page.locator("#header")).to_contain_text("run-77")
+    header = page.locator("#header")
+    expect(header).to_contain_text("run-77")
+    for shown in ("Engine", "n8n", "Triggered", "Limit", "Reconciler's last look"):
+        expect(header).to_contain_text(shown)
+    shot(page, "execution-delegated")
 
 
 def test_the_pages_work_with_javascript_off(browser: Browser, server: dict[str, Any]) -> None:

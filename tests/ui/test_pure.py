@@ -168,6 +168,9 @@ def test_which_actions_each_state_offers() -> None:
     assert (parking.pause, parking.unpause) == (False, True)
     delegated = actions_for(_execution(status=Status.RUNNING, engine="n8n"))
     assert (delegated.pause, delegated.resolve, delegated.send) == (False, True, True)
+    assert delegated.cancel_why_not is not None
+    assert delegated.cancel_why_not.endswith("resolve it instead (a run in an engine cannot "
+                                             "be paused)")
     for status in (Status.COMPLETED, Status.FAILED, Status.FAILED_TRANSIENT, Status.CANCELLED):
         ended = actions_for(_execution("a:b/c.run-cancellable", status))
         assert not (ended.cancel or ended.pause or ended.unpause or ended.send

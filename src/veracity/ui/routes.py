@@ -106,8 +106,9 @@ def actions_for(e: Execution) -> Actions:
     if terminal:
         why = f"it has ended ({e.status})"
     elif not is_cancellable(e.ffqn):
-        why = ("only workflows whose name ends in -cancellable can be cancelled; pause it "
-               "instead")
+        why = ("only workflows whose name ends in -cancellable can be cancelled; "
+               + ("resolve it instead (a run in an engine cannot be paused)"
+                  if delegated_running else "pause it instead"))
     elif e.cancel_requested_at is not None:
         why = "cancellation was already requested"
     return Actions(
