@@ -14,15 +14,18 @@ from veracity.models import Claim
 from veracity.store import Store
 
 
-async def test_status_counts_count_each_status(store: Store) -> None:
-    assert await store.execution_status_counts() == {}
+async def test_counts_in_count_the_statuses_asked_for_terminal_ones_too(store: Store) -> None:
+    every = [str(s) for s in Status]
+    assert await store.execution_counts_in(every) == {}
     a = (await store.execution_submit(new_execution())).execution
     await store.execution_submit(new_execution())
     c = (await store.execution_submit(new_execution("app.orders.create-cancellable")))
     await store.execution_pause(a.id)
     await store.execution_cancel(c.execution.id)
-    assert await store.execution_status_counts() == {
+    assert await store.execution_counts_in(every) == {
         "pending": 1, "paused": 1, "cancelled": 1}
+    assert await store.execution_counts_in(["cancelled", "failed"]) == {"cancelled": 1}
+    assert await store.execution_counts_in([]) == {}
 
 
 async def test_children_of_several_parents_by_parent_then_oldest_first(

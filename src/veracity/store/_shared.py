@@ -296,6 +296,12 @@ class SharedMethods:
         counts: dict[str, int] = await self._op(_ops.status_counts)
         return counts
 
+    async def execution_counts_in(self, statuses: Sequence[str]) -> dict[str, int]:
+        if not statuses:
+            return {}
+        counts: dict[str, int] = await self._op(lambda: _ops.counts_in(list(statuses)))
+        return counts
+
     async def execution_children_of(
         self, parent_ids: Sequence[uuid.UUID], *, limit: int
     ) -> list[Execution]:

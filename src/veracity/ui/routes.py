@@ -293,7 +293,7 @@ def install_dashboard(app: FastAPI, *, auth_required: bool) -> None:
         return parse_list_query(parse_qs(request.url.query, keep_blank_values=True))
 
     async def _counts(service: ExecutionService) -> dict[str, int]:
-        statuses = await service.status_counts()
+        statuses = await service.counts_in(present.NEEDS_A_PERSON)
         counts = {s: statuses.get(s, 0) for s in present.NEEDS_A_PERSON}
         counts["flagged"] = sum((await service.flag_counts()).values())
         counts["stranded"] = sum(d.summary.stranded for d in await service.deployments())
