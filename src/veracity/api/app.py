@@ -46,8 +46,8 @@ from veracity.core.requests import CallbackReport
 from veracity.core.states import Status
 from veracity.errors import BadRequest, InvalidInput
 from veracity.models import ExecutionFilter
-from veracity.ui.routes import install_dashboard
 from veracity.telemetry import HttpMetrics, Telemetry
+from veracity.ui.routes import install_dashboard
 
 STATUS_LIST = (r"^\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?"
                r"(?:,\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?)*$")
