@@ -94,8 +94,10 @@ def inline(value: Any, limit: int = 120) -> str:
 
 
 def short(ident: uuid.UUID | str | None) -> str:
-    """The first 8 hex digits of an id (the page links to the whole one)."""
-    return "" if ident is None else str(ident)[:8]
+    """The last 8 hex digits of an id (the page links to the whole one)."""
+    # the last digits: an execution id is a UUIDv7, whose first ones are its creation time,
+    # the same for executions made in the same millisecond or so
+    return "" if ident is None else str(ident)[-8:]
 
 
 def status_word(status: Status | str) -> str:
