@@ -5,13 +5,27 @@ from __future__ import annotations
 import os
 import platform
 
-from bench import auth, cron, dashboard, engine, reconciler, submit, wakeups, workers
+from bench import (
+    auth,
+    batch,
+    cron,
+    dashboard,
+    engine,
+    generations,
+    reconciler,
+    startup,
+    submit,
+    wakeups,
+    workers,
+)
 
 
 def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {platform.platform()}")
     submit.main([])
+    batch.main([])
+    startup.main([])
     workers.main([])
     engine.main([])
     reconciler.main([])
@@ -19,6 +33,7 @@ def main() -> None:
     cron.main([])
     auth.main([])
     dashboard.main([])
+    generations.main([])
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ ROUTE_ACCESS: Mapping[tuple[str, str], Access] = {
     ("GET", "/metrics"): Unscoped.OPEN,
     **{(method, path): Unscoped.OPEN for path in DOCUMENT_PATHS for method in ("GET", "HEAD")},
     ("POST", "/v1/executions"): TokenScope.EXECUTIONS_SUBMIT,
+    ("POST", "/v1/executions/batch"): TokenScope.EXECUTIONS_SUBMIT,
     ("GET", "/v1/executions"): TokenScope.EXECUTIONS_READ,
     ("GET", EXECUTION): TokenScope.EXECUTIONS_READ,
     ("GET", f"{EXECUTION}/history"): TokenScope.EXECUTIONS_READ,

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from veracity.core.deployments import Coverage, LiveWorker, is_live
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
@@ -30,6 +30,7 @@ from veracity.core.waiting import parked_reason
 from veracity.models import (
     JSON,
     Adopted,
+    BatchConflict,
     CallbackResult,
     Claim,
     ControlResult,
@@ -45,6 +46,7 @@ from veracity.models import (
     NewExecution,
     ReconcileAction,
     Recovered,
+    Submitted,
     Taken,
     TransitionResult,
     WaitRecord,
@@ -249,22 +251,31 @@ def spawn_if_owned(
     if row is None:
         return (yield from _late(claim, "spawn", {"children": [str(c.id) for c in children]},
                                  now))
-    for child in children:
-        rows = yield Query("execution_insert_child", {
-            "id": child.id, "ffqn": child.ffqn, "params": JsonParam(child.params),
-            "deployment_id": child.deployment_id, "parent_id": child.parent_id,
-            "join_set": child.join_set, "scheduled_at": child.scheduled_at, "now": now,
-        })
-        if rows:
-            created = execution_from(rows[0])
-            yield from _events(child.id, 0, [(str(created.status), {
-                "ffqn": created.ffqn, "params": created.params,
-                "deployment_id": created.deployment_id,
-                "parent_id": str(created.parent_id) if created.parent_id else None,
-                "join_set": created.join_set, "created_by": str(claim.execution_id),
-            })], now)
+    # two statements however many children (a reconciler may schedule thousands at once):
+    # the new ones inserted (an id already there is left as it is), then their events
+    rows: list[Row] = []
+    if children:
+        rows = yield Query("execution_insert_children", {"now": now, "rows": JsonParam([{
+            "id": str(c.id), "ffqn": c.ffqn, "params": c.params,
+            "deployment_id": c.deployment_id,
+            "parent_id": str(c.parent_id) if c.parent_id else None, "join_set": c.join_set,
+            "scheduled_at": cast(JSON, c.scheduled_at),  # a time: encoded by the backend
+        } for c in children])})
+    created = sorted((execution_from(r) for r in rows), key=lambda e: e.id)
+    if created:
+        yield Query("history_append_many", {"now": now, "rows": JsonParam([{
+            "execution_id": str(e.id), "seq": 1, "kind": str(e.status), "data": {
+                "ffqn": e.ffqn, "params": e.params, "deployment_id": e.deployment_id,
+                "parent_id": str(e.parent_id) if e.parent_id else None,
+                "join_set": e.join_set, "created_by": str(claim.execution_id)},
+        } for e in created])})
     yield Query("execution_bump_history", {"id": claim.execution_id, "by": len(events)})
-    yield from _events(claim.execution_id, row["history_seq"], events, now)
+    if len(events) > 1:
+        yield Query("history_append_many", {"now": now, "rows": JsonParam([
+            {"execution_id": str(claim.execution_id), "seq": row["history_seq"] + i,
+             "kind": kind, "data": data} for i, (kind, data) in enumerate(events, 1)])})
+    else:
+        yield from _events(claim.execution_id, row["history_seq"], events, now)
     return TransitionResult(True, None)
 
 
@@ -1056,3 +1067,66 @@ def waits_from(ids: Sequence[uuid.UUID], events: Sequence[Row], children: Sequen
             r["join_set"], (int(r["n"]), []))
         first.append(r["id"])
     return out
+# -- batch submission ------------------------------------------------------------------------
+
+
+def submit_many(items: Sequence[NewExecution], now: datetime | None) -> Op:
+    """A batch of submissions in a fixed number of statements: insert every item whose key
+    is new to the batch (a key stored already, committed or not, is waited for and
+    skipped), their first events, and read what the keys skipped name. Each item is
+    answered in order; a key reused with a different request refuses the whole batch
+    (:class:`BatchConflict`, raised inside the transaction: nothing is written)."""
+    first: dict[str, int] = {}
+    inserting: list[NewExecution] = []
+    for i, new in enumerate(items):
+        if new.parent_id is not None or new.join_set is not None or new.retry_of is not None:
+            raise ValueError("a batch submits top-level executions only")
+        if new.idempotency_key is not None:
+            if new.idempotency_key in first:
+                continue
+            first[new.idempotency_key] = i
+        inserting.append(new)
+    rows = yield Query("execution_submit_many", {"now": now, "rows": JsonParam([
+        {"id": str(n.id), "ffqn": n.ffqn, "params": n.params, "paused": n.paused,
+         "deployment_id": n.deployment_id, "idempotency_key": n.idempotency_key,
+         "request_digest": n.request_digest, "scheduled_at": n.scheduled_at}
+        for n in inserting])})
+    inserted = {r["id"]: execution_from(r) for r in rows}
+    if inserted:  # their first events, made from the rows (as execution_submit makes one)
+        yield Query("history_of_submitted", {"ids": list(inserted)})
+    by_id: dict[uuid.UUID, Row] = {}
+    by_key: dict[str, Row] = {}
+    skipped = [n for n in inserting if n.id not in inserted]
+    if skipped:
+        # a key stored before; or this very insert, committed before a lost connection
+        # made the driver run it again
+        found = yield Query("execution_by_keys_or_ids", {
+            "keys": [n.idempotency_key for n in skipped if n.idempotency_key is not None],
+            "ids": [n.id for n in skipped]})
+        for r in found:
+            by_id[r["id"]] = r
+            if r["idempotency_key"] is not None:
+                by_key[r["idempotency_key"]] = r
+    answers: list[Submitted] = []
+    conflicts: dict[int, uuid.UUID] = {}
+    for i, new in enumerate(items):
+        key = new.idempotency_key
+        if key is not None and first[key] != i:  # a key earlier in the batch
+            earlier = answers[first[key]]
+            answer = Submitted(earlier.execution, False, earlier.request_digest)
+        elif new.id in inserted:
+            answer = Submitted(inserted[new.id], True, new.request_digest)
+        elif new.id in by_id:
+            answer = Submitted(execution_from(by_id[new.id]), True,
+                               by_id[new.id]["request_digest"])
+        elif key is not None and key in by_key:
+            answer = Submitted(execution_from(by_key[key]), False,
+                               by_key[key]["request_digest"])
+        else:  # pragma: no cover - a row that conflicted cannot vanish (no deletes)
+            raise RuntimeError("insert conflict without an existing execution")
+        if not answer.created and answer.request_digest != new.request_digest:
+            conflicts[i] = answer.execution.id
+        answers.append(answer)
+    if conflicts:
+        raise BatchConflict(sorted(conflicts), conflicts)
+    return answers

@@ -28,6 +28,7 @@ from veracity.models import (
     NewExecution,
     ReconcileAction,
     Recovered,
+    Submitted,
     Taken,
     TransitionResult,
 )
@@ -162,6 +163,14 @@ class SharedMethods:
         interrupt = _member(InterruptKind, kind, "interrupt")
         result: TransitionResult = await self._op(
             lambda: _ops.stop_if_owned(claim, interrupt, self._now()))
+        return result
+
+    async def execution_submit_many(self, items: Sequence[NewExecution]) -> list[Submitted]:
+        for new in items:
+            require_aware(new.scheduled_at)
+        if not items:
+            return []
+        result: list[Submitted] = await self._op(lambda: _ops.submit_many(items, self._now()))
         return result
 
     async def execution_interrupts(self, owner: str) -> list[Interrupt]:

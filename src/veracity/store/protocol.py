@@ -17,7 +17,7 @@ never an exception. The conformance suite in ``tests/store/`` runs against every
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -139,6 +139,19 @@ class ReadStore(Protocol):
         by status, its live workers (:func:`veracity.core.deployments.is_live`, each at
         most ``live_within`` after its last heartbeat) and how many of its executions are
         stranded (:mod:`veracity.core.deployments`)."""
+
+
+    async def execution_ended_among(self, ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Which of ``ids`` are terminal (completed, failed, failed_transient, cancelled)."""
+
+    def ended_signals(self, wake: Callable[[], None]
+                      ) -> AbstractAsyncContextManager[Callable[[], bool]]:
+        """While entered, ``wake()`` is called (on the event loop) soon after any
+        transaction that ended executions commits: PostgreSQL's notifications (channel
+        ``veracity_ended``: from every process); on SQLite, the commits of this process's
+        stores on the same file (another process's are not seen). A hint: it may come
+        without an end, and the caller checks. The context's value answers whether the
+        signals still come (a lost notification connection answers False)."""
 
 
 class DelegatedWrites(Protocol):
@@ -349,6 +362,14 @@ class ControlStore(TokenStore, RetryWrites, DelegatedWrites, ReadStore, Protocol
         With an idempotency key that already exists, insert nothing and return the
         existing execution with ``created=False`` (concurrent calls create one row).
         """
+
+    async def execution_submit_many(self, items: Sequence[NewExecution]) -> list[Submitted]:
+        """Submit a batch in one transaction: each item as :meth:`execution_submit` would,
+        answered in the order of ``items``. An item whose idempotency key appeared earlier
+        in the batch is answered the execution of that earlier item (``created=False``, its
+        digest). If any keyed item's ``request_digest`` differs from the one its key
+        already names (stored, or earlier in the batch), nothing is written and
+        :class:`~veracity.models.BatchConflict` names those items."""
 
     async def execution_cancel(
         self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
