@@ -32,8 +32,8 @@ def main() -> None:
     wakeups.main([])
     cron.main([])
     auth.main([])
-    generations.main([])
     dashboard.main([])
+    generations.main([])
 
 
 if __name__ == "__main__":

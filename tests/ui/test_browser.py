@@ -179,6 +179,9 @@ def test_the_list_shows_a_new_execution_within_one_polling_interval(
     ident = submit(server, WAITER, f"new-{uuid.uuid4().hex[:6]}")
     expect(page.locator(f'#list a[href="/ui/executions/{ident}"]')).to_be_visible(
         timeout=WITHIN_ONE_POLL_MS)
+    # the counts above the list move with it: it waits for its message (blocked)
+    expect(page.locator("#counts a[href='/ui/executions?status=blocked'] b")).to_have_text(
+        "1", timeout=2 * WITHIN_ONE_POLL_MS)
     assert not_reloaded(page)
     shot(page, "executions")
 

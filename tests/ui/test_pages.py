@@ -128,7 +128,9 @@ async def test_the_list_fragment_polls_while_unfinished_work_shows(
     page = await client.get("/ui/executions")
     assert 'hx-trigger="every 2s"' in page.text
     fragment = await client.get("/ui/executions?fragment=list")
-    assert fragment.text.lstrip().startswith("<section id=\"list\"")
+    # the counts first, swapped out of band, then the list itself
+    assert fragment.text.lstrip().startswith('<section id="counts"')
+    assert 'hx-swap-oob="true"' in fragment.text and '<section id="list"' in fragment.text
     assert "<html" not in fragment.text and "as of" in fragment.text
     assert str(e.id) in fragment.text
     paused = await client.get("/ui/executions?live=0")

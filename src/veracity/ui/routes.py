@@ -332,10 +332,13 @@ def install_dashboard(app: FastAPI, *, auth_required: bool) -> None:
                        errors=errors, now=now, live=live,
                        polling=live and not errors and not query.cursor and (
                            not items or any(not e.status.is_terminal for e in items)))
+        counts = await _counts(service)
         if fragment:
-            return ui.render(request, "_executions_list.html", status=status, **context)
+            # the counts above the list move with it (an out-of-band swap)
+            return ui.render(request, "_executions_list.html", status=status, oob=True,
+                             counts=counts, **context)
         return ui.render(request, "executions.html", status=status, nav="executions",
-                         counts=await _counts(service), **context)
+                         counts=counts, **context)
 
     def _matches(e: Execution, f: ExecutionFilter) -> bool:
         return ((not f.statuses or e.status in f.statuses)
