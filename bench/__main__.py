@@ -5,7 +5,18 @@ from __future__ import annotations
 import os
 import platform
 
-from bench import auth, batch, cron, engine, reconciler, startup, submit, wakeups, workers
+from bench import (
+    auth,
+    batch,
+    cron,
+    engine,
+    generations,
+    reconciler,
+    startup,
+    submit,
+    wakeups,
+    workers,
+)
 
 
 def main() -> None:
@@ -20,6 +31,7 @@ def main() -> None:
     wakeups.main([])
     cron.main([])
     auth.main([])
+    generations.main([])
 
 
 if __name__ == "__main__":

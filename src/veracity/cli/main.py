@@ -173,13 +173,15 @@ def event_json(ev: HistoryEvent) -> dict[str, Any]:
     return HistoryItem.of(ev).model_dump(mode="json")
 
 
-def print_execution(e: Execution, *, whole: bool = False) -> None:
+def print_execution(e: Execution, waiting_reason: str | None = None, *,
+                    whole: bool = False) -> None:
     """``whole``: the result and error in full (not shortened)."""
     width = 1 << 62 if whole else 200
     print_fields([
         ("id", str(e.id)),
         ("ffqn", e.ffqn),
         ("status", str(e.status)),
+        ("waiting", waiting_reason or "-"),
         ("params", short(e.params, 200)),
         ("result", short(e.result, width) if e.status == Status.COMPLETED else "-"),
         ("error", short(e.error, width) if e.error is not None else "-"),
@@ -255,14 +257,17 @@ def server(config_path: str | None, database_url: str | None, app: str | None,
 @common_options
 @click.option("--concurrency", default=None, type=click.IntRange(1, 10000),
               help="Executions run at once (VERACITY_WORKER_CONCURRENCY).")
+@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
+              help="Serve Prometheus metrics on this port (VERACITY_WORKER_METRICS_PORT).")
 def worker(config_path: str | None, database_url: str | None, app: str | None,
-           concurrency: int | None) -> None:
+           concurrency: int | None, metrics_port: int | None) -> None:
     """Run a worker: claim and run executions of the app's workflows until SIGTERM/SIGINT."""
     from veracity._logging import setup_logging
     from veracity.worker.main import run_worker
 
     settings = settings_from(config_path, database_url=database_url, app=app,
-                             **{"worker.concurrency": concurrency})
+                             **{"worker.concurrency": concurrency,
+                                "worker.metrics_port": metrics_port})
     setup_logging(settings.log_level)
     sys.exit(run(run_worker(settings), fast_loop=True))
 
@@ -575,17 +580,19 @@ def get(config_path: str | None, database_url: str | None, app: str | None, as_j
     """Show one execution."""
     settings = settings_from(config_path, database_url=database_url, app=app)
 
-    async def go(rt: Runtime) -> Execution:
+    async def one(rt: Runtime) -> tuple[Execution, str | None]:
         execution = await rt.service.get(execution_id)
-        return await _follow(rt.service, execution) if follow else execution
+        if follow:
+            execution = await _follow(rt.service, execution)
+        return execution, (await rt.service.waiting_reasons([execution])).get(execution.id)
 
-    execution = run(with_runtime(settings, go, read_only=True))
+    execution, waiting = run(with_runtime(settings, one, read_only=True))
     if follow:
         _show_ended(execution, as_json)
     elif as_json:
-        print_json(execution_json(execution))
+        print_json(execution_json(execution, waiting))
     else:
-        print_execution(execution)
+        print_execution(execution, waiting)
 
 
 @cli.command(name="list")

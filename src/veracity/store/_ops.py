@@ -19,13 +19,14 @@ import uuid
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from veracity.core.deployments import Coverage, LiveWorker
+from veracity.core.deployments import Coverage, LiveWorker, is_live
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
 from veracity.core.recovery import Expired, decide_recovery
 from veracity.core.requests import CallbackOutcome, CallbackReport, InterruptKind, ResolveAction
 from veracity.core.states import TERMINAL, Status, sources_of
+from veracity.core.waiting import parked_reason
 from veracity.models import (
     JSON,
     Adopted,
@@ -47,6 +48,7 @@ from veracity.models import (
     Submitted,
     Taken,
     TransitionResult,
+    WaitRecord,
 )
 from veracity.store._common import check_journal_kind, late_report_event
 
@@ -108,6 +110,7 @@ def execution_from(row: Row) -> Execution:
         end_request=row["end_request"],
         end_requested_at=row["end_requested_at"],
         retry_of=row["retry_of"],
+        started_at=row["started_at"],
     )
 
 
@@ -211,7 +214,7 @@ def block_if_owned(
         })
         yield from _events(claim.execution_id, seq + len(events), [("paused", {
             "owner": claim.owner, "epoch": claim.epoch,
-            "reason": f"pause requested; parked at its wait ({reason})"})], now)
+            "reason": parked_reason(reason)})], now)
         return TransitionResult(True, execution_from(rows[0]))
     rows = yield Query("execution_block", {
         "id": claim.execution_id, "wake_at": wake_at, "seen": seen_signal,
@@ -242,22 +245,31 @@ def spawn_if_owned(
     if row is None:
         return (yield from _late(claim, "spawn", {"children": [str(c.id) for c in children]},
                                  now))
-    for child in children:
-        rows = yield Query("execution_insert_child", {
-            "id": child.id, "ffqn": child.ffqn, "params": JsonParam(child.params),
-            "deployment_id": child.deployment_id, "parent_id": child.parent_id,
-            "join_set": child.join_set, "scheduled_at": child.scheduled_at, "now": now,
-        })
-        if rows:
-            created = execution_from(rows[0])
-            yield from _events(child.id, 0, [(str(created.status), {
-                "ffqn": created.ffqn, "params": created.params,
-                "deployment_id": created.deployment_id,
-                "parent_id": str(created.parent_id) if created.parent_id else None,
-                "join_set": created.join_set, "created_by": str(claim.execution_id),
-            })], now)
+    # two statements however many children (a reconciler may schedule thousands at once):
+    # the new ones inserted (an id already there is left as it is), then their events
+    rows: list[Row] = []
+    if children:
+        rows = yield Query("execution_insert_children", {"now": now, "rows": JsonParam([{
+            "id": str(c.id), "ffqn": c.ffqn, "params": c.params,
+            "deployment_id": c.deployment_id,
+            "parent_id": str(c.parent_id) if c.parent_id else None, "join_set": c.join_set,
+            "scheduled_at": cast(JSON, c.scheduled_at),  # a time: encoded by the backend
+        } for c in children])})
+    created = sorted((execution_from(r) for r in rows), key=lambda e: e.id)
+    if created:
+        yield Query("history_append_many", {"now": now, "rows": JsonParam([{
+            "execution_id": str(e.id), "seq": 1, "kind": str(e.status), "data": {
+                "ffqn": e.ffqn, "params": e.params, "deployment_id": e.deployment_id,
+                "parent_id": str(e.parent_id) if e.parent_id else None,
+                "join_set": e.join_set, "created_by": str(claim.execution_id)},
+        } for e in created])})
     yield Query("execution_bump_history", {"id": claim.execution_id, "by": len(events)})
-    yield from _events(claim.execution_id, row["history_seq"], events, now)
+    if len(events) > 1:
+        yield Query("history_append_many", {"now": now, "rows": JsonParam([
+            {"execution_id": str(claim.execution_id), "seq": row["history_seq"] + i,
+             "kind": kind, "data": data} for i, (kind, data) in enumerate(events, 1)])})
+    else:
+        yield from _events(claim.execution_id, row["history_seq"], events, now)
     return TransitionResult(True, None)
 
 
@@ -789,6 +801,11 @@ def flag_counts() -> Op:
     return {str(r["flag_kind"]): int(r["n"]) for r in rows}
 
 
+def status_counts() -> Op:
+    rows = yield Query("execution_status_counts", {})
+    return {str(r["status"]): int(r["n"]) for r in rows}
+
+
 def resolve(execution_id: uuid.UUID, action: ResolveAction, external_id: str | None, reason: str,
             actor: str, unconfirmed: str | None, expected_external_id: str | None,
             now: datetime | None) -> Op:
@@ -916,7 +933,10 @@ def _coverage(live_within: timedelta, deployment_id: str | None, now: datetime |
     rows = yield Query("worker_live", {
         "live_within": live_within, "deployment_id": deployment_id, "now": now})
     return Coverage(LiveWorker(r["deployment_id"], frozenset(r["ffqns"]),
-                               frozenset(r["upgrade_ffqns"])) for r in rows)
+                               frozenset(r["upgrade_ffqns"])) for r in rows
+                    if is_live(stopped_at=r["stopped_at"], last_heartbeat=r["last_heartbeat"],
+                               heartbeat_interval=r["heartbeat_interval"],
+                               now=r["db_now"], live_within=live_within))
 
 
 def deployments(live_within: timedelta, now: datetime | None) -> Op:
@@ -1053,3 +1073,20 @@ def submit_many(items: Sequence[NewExecution], now: datetime | None) -> Op:
     if conflicts:
         raise BatchConflict(sorted(conflicts), conflicts)
     return answers
+
+
+# -- what unfinished executions wait for (core.waiting) -------------------------------------
+
+
+def waits_from(ids: Sequence[uuid.UUID], events: Sequence[Row], children: Sequence[Row]
+               ) -> dict[uuid.UUID, WaitRecord]:
+    """The records of ``execution_waits``: rows of ``history_newest_of_kinds`` and of
+    ``execution_unfinished_children`` gathered by execution."""
+    out = {i: WaitRecord() for i in ids}
+    for r in events:
+        out[r["execution_id"]].events[r["kind"]] = r["data"]
+    for r in children:
+        _, first = out[r["parent_id"]].children.setdefault(
+            r["join_set"], (int(r["n"]), []))
+        first.append(r["id"])
+    return out

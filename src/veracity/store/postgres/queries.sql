@@ -4,7 +4,7 @@
 -- Every statement that can end an execution also notifies channel veracity_ended for each
 -- row it ended (its `ended_note` column; identical notifications of one transaction are
 -- folded into one, sent at commit): what answers GET /v1/executions/{id}?wait= wakes on
--- it (veracity/waiting.py). The trigger veracity_child_finished may end a parent in the
+-- it (veracity/end_waits.py). The trigger veracity_child_finished may end a parent in the
 -- same transaction as its child, whose end notifies.
 
 -- name: migrations_lock
@@ -155,6 +155,7 @@ WITH pinned AS (
 ), claimed AS (
     UPDATE veracity_executions AS e SET
         status = 'running',
+        started_at = coalesce(e.started_at, %(now)s::timestamptz, now()),
         deployment_id = coalesce(%(deployment_id)s::text, e.deployment_id),
         lease_owner = %(owner)s,
         lease_epoch = e.lease_epoch + 1,
@@ -291,16 +292,16 @@ WITH seen AS (
     ON CONFLICT (id) DO UPDATE SET last_seen = greatest(d.last_seen, EXCLUDED.last_seen)
 )
 INSERT INTO veracity_workers (
-    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, started_at,
-    last_heartbeat)
+    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, heartbeat_interval,
+    started_at, last_heartbeat)
 VALUES (
     %(id)s, %(host)s, %(pid)s, %(deployment_id)s, %(ffqns)s, %(upgrade_ffqns)s,
-    %(concurrency)s, coalesce(%(now)s::timestamptz, now()),
+    %(concurrency)s, %(heartbeat_interval)s, coalesce(%(now)s::timestamptz, now()),
     coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (id) DO UPDATE SET
     host = EXCLUDED.host, pid = EXCLUDED.pid, deployment_id = EXCLUDED.deployment_id,
     ffqns = EXCLUDED.ffqns, upgrade_ffqns = EXCLUDED.upgrade_ffqns,
-    concurrency = EXCLUDED.concurrency,
+    concurrency = EXCLUDED.concurrency, heartbeat_interval = EXCLUDED.heartbeat_interval,
     last_heartbeat = EXCLUDED.last_heartbeat, stopped_at = NULL
 RETURNING *
 
@@ -404,15 +405,18 @@ VALUES (
     coalesce(%(now)s::timestamptz, now()), %(history_seq)s)
 RETURNING *
 
--- name: execution_insert_child
+-- name: execution_insert_children
+-- rows [{id, ffqn, params, deployment_id, parent_id, join_set, scheduled_at}]: each one whose
+-- id is new, pending (scheduled now unless given), in one statement; those created returned
 INSERT INTO veracity_executions (
     id, ffqn, params, status, attempt, deployment_id, parent_id, join_set,
     scheduled_at, created_at, updated_at, history_seq)
-VALUES (
-    %(id)s, %(ffqn)s, %(params)s, 'pending', 1, %(deployment_id)s, %(parent_id)s::uuid,
-    %(join_set)s::text,
-    coalesce(%(scheduled_at)s::timestamptz, %(now)s::timestamptz, now()),
-    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1)
+SELECT r.id, r.ffqn, r.params, 'pending', 1, r.deployment_id, r.parent_id, r.join_set,
+       coalesce(r.scheduled_at, %(now)s::timestamptz, now()),
+       coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1
+FROM json_to_recordset(%(rows)s::json) AS r (id uuid, ffqn text, params json,
+    deployment_id text, parent_id uuid, join_set text, scheduled_at timestamptz)
+ORDER BY r.id
 ON CONFLICT (id) DO NOTHING
 RETURNING *
 
@@ -738,6 +742,14 @@ SELECT flag_kind, count(*) AS n FROM veracity_executions
 WHERE flagged_at IS NOT NULL
 GROUP BY flag_kind
 
+-- name: execution_status_counts
+-- Unfinished executions by status (the telemetry's gauge, read at each scrape): the
+-- partial index veracity_executions_unfinished holds exactly these rows, so the count
+-- costs what is unfinished, not the whole table (its status list repeated word for word).
+SELECT status, count(*) AS n FROM veracity_executions
+WHERE status IN ('pending', 'running', 'blocked', 'paused')
+GROUP BY status
+
 -- name: history_append_many
 -- rows [{execution_id, seq, kind, data}]: many executions' events in one statement
 INSERT INTO veracity_history (execution_id, seq, kind, at, data)
@@ -825,8 +837,11 @@ WHERE deployment_id = %(id)s AND status IN ('pending', 'running', 'blocked', 'pa
 LIMIT 1
 
 -- name: worker_live
--- workers with a fresh heartbeat that did not stop (as control.py's live_within)
-SELECT deployment_id, ffqns, upgrade_ffqns FROM veracity_workers
+-- the workers that may be live: not stopped, a heartbeat within live_within (the lease
+-- TTL); core.deployments.is_live decides, from the heartbeat interval, which are
+SELECT deployment_id, ffqns, upgrade_ffqns, stopped_at, last_heartbeat, heartbeat_interval,
+       coalesce(%(now)s::timestamptz, now()) AS db_now
+FROM veracity_workers
 WHERE stopped_at IS NULL
   AND last_heartbeat >= coalesce(%(now)s::timestamptz, now()) - %(live_within)s::interval
   AND (%(deployment_id)s::text IS NULL OR deployment_id = %(deployment_id)s::text)
@@ -858,3 +873,29 @@ SELECT pg_notify('veracity_pending', '')
 SELECT id FROM veracity_executions
 WHERE id = ANY (%(ids)s::uuid[])
   AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+
+-- name: history_newest_of_kinds
+-- the newest event of each kind of each execution (what it waits for: core.waiting); one
+-- index probe backwards per execution and kind
+SELECT i.id AS execution_id, h.kind, h.data
+FROM unnest(%(ids)s::uuid[]) AS i(id)
+CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
+CROSS JOIN LATERAL (
+    SELECT kind, data FROM veracity_history
+    WHERE execution_id = i.id AND kind = k.kind
+    ORDER BY seq DESC
+    LIMIT 1
+) h
+
+-- name: execution_unfinished_children
+-- the unfinished children of each execution by join set: how many, and the oldest few
+SELECT parent_id, join_set, id, n FROM (
+    SELECT parent_id, join_set, id, created_at,
+           row_number() OVER (PARTITION BY parent_id, join_set ORDER BY created_at, id) AS rn,
+           count(*) OVER (PARTITION BY parent_id, join_set) AS n
+    FROM veracity_executions
+    WHERE parent_id = ANY (%(ids)s::uuid[])
+      AND status IN ('pending', 'running', 'blocked', 'paused')
+) c
+WHERE rn <= %(shown)s
+ORDER BY parent_id, join_set, created_at, id
