@@ -47,7 +47,6 @@ from veracity.core.tokens import (
     state,
 )
 from veracity.core.waiting import SHOWN_CHILDREN, Children, Facts, Holder, waiting_reason
-from veracity.end_waits import EndWaits
 from veracity.errors import (
     BadRequest,
     Conflict,
@@ -77,6 +76,7 @@ from veracity.models import (
 )
 from veracity.store.protocol import ControlStore
 from veracity.telemetry import Telemetry
+from veracity.waiting import EndWaits
 
 if TYPE_CHECKING:
     from veracity.adapters.looks import Look, Looker
@@ -90,13 +90,13 @@ MAX_IDEMPOTENCY_KEY = 256
 MAX_JSON_DEPTH = 128
 MAX_TOPIC_LENGTH = 256
 MAX_DEPLOYMENT_ID = 128
+MAX_WORKERS_READ = 1000
+"""Workers read for waiting reasons (the newest ones; a lease holder older than these is
+told as not registered)."""
 MAX_BATCH = 1000
 """Submissions one batch may carry (POST /v1/executions/batch)."""
 MAX_WAIT = 60.0
 """Seconds one wait for an execution's end may last (GET ...?wait=)."""
-MAX_WORKERS_READ = 1000
-"""Workers read for waiting reasons (the newest ones; a lease holder older than these is
-told as not registered)."""
 # PostgreSQL's timestamptz ends at 294276 AD; keep far from both ends of every backend
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
@@ -294,20 +294,20 @@ class ExecutionService:
         looker: Looker | None = None,
         metrics: ServiceMetrics | None = None,
         crons: Sequence[CronEntry] = (),
-        shapes: Mapping[str, ParamsShape] | None = None,
         recovery_interval: timedelta = timedelta(seconds=30),
         max_attempts: int = 5,
+        shapes: Mapping[str, ParamsShape] | None = None,
     ) -> None:
         self.recovery_interval = recovery_interval
         """How often lease recovery runs (``recovery.interval``): for waiting reasons."""
         self.max_attempts = max_attempts
         """Lease recovery's ``recovery.max_attempts``: for waiting reasons."""
         self.looker = looker
+        """Takes looks at delegated runs (resolve, cancel); None: no engine is configured
+        here, and a delegated run's engine cannot be asked."""
         self.shapes = dict(shapes or {})
         """The parameters each workflow of the app takes: params are checked against
         them at submission (a workflow without one, e.g. an external one, is not)."""
-        """Takes looks at delegated runs (resolve, cancel); None: no engine is configured
-        here, and a delegated run's engine cannot be asked."""
         self.metrics = metrics
         self.telemetry: Telemetry | None = None
         """Where this process counts what it does (docs/operations.md, Metrics)."""
@@ -408,7 +408,7 @@ class ExecutionService:
         if submitted.created and self.on_submitted is not None:
             self.on_submitted()
         if self.telemetry is not None:
-            self.telemetry.submitted(ffqn, created=submitted.created)
+            self.telemetry.submitted(new.ffqn, created=submitted.created)
         if not submitted.created and submitted.request_digest != new.request_digest:
             raise Conflict(
                 f"idempotency key {idempotency_key!r} was used for a different request "
@@ -464,11 +464,11 @@ class ExecutionService:
                                    "different request",
                         "execution_id": str(exc.existing[i])} for i in exc.indexes],
             ) from None
-        if self.telemetry is not None:
-            for new, one in zip(news, submitted, strict=True):
-                self.telemetry.submitted(new.ffqn, created=one.created)
         if any(s.created for s in submitted) and self.on_submitted is not None:
             self.on_submitted()
+        if self.telemetry is not None:
+            for s in submitted:
+                self.telemetry.submitted(s.execution.ffqn, created=s.created)
         return [(s.execution, s.created) for s in submitted]
 
     async def get(self, execution_id: str | uuid.UUID) -> Execution:
@@ -481,7 +481,7 @@ class ExecutionService:
     async def wait(self, execution_id: str | uuid.UUID, timeout: float) -> Execution:
         """The execution as soon as it is terminal, or as it is after ``timeout`` seconds
         (0 to MAX_WAIT): woken by the store's end signals, not by polling
-        (veracity/end_waits.py)."""
+        (veracity/waiting.py)."""
         if not 0 <= timeout <= MAX_WAIT:
             raise InvalidInput(f"wait must be between 0 and {MAX_WAIT:g} seconds",
                                code="invalid_wait")

@@ -112,9 +112,9 @@ async def open_runtime(settings: Settings, *, migrate: bool = False,
             live_within=timedelta(seconds=settings.worker.lease_ttl),
             looker=build_looker(settings, external, adapters),
             crons=crons,
-            shapes=shapes_of(app),
             recovery_interval=timedelta(seconds=settings.recovery.interval),
             max_attempts=settings.recovery.max_attempts,
+            shapes=shapes_of(app),
         )
     except BaseException:
         await close_engines(adapters)

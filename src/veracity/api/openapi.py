@@ -62,7 +62,7 @@ ROUTE_ERRORS: Mapping[tuple[str, str], Mapping[int, tuple[str, ...]]] = {
         422: ("malformed_json", "invalid_input", "invalid_batch")},
     ("GET", "/v1/executions"): {
         400: ("invalid_cursor",), 422: ("invalid_input", "invalid_status", "invalid_time")},
-    ("GET", EXECUTION): {**_ID, 422: ("invalid_input", "invalid_wait")},
+    ("GET", EXECUTION): {**_ID, 422: ("invalid_wait",)},
     ("GET", f"{EXECUTION}/history"): {
         400: ("invalid_id", "invalid_cursor"), 404: ("not_found",), 422: ("invalid_input",)},
     ("PUT", f"{EXECUTION}/cancel"): {**_ID, 409: ("not_cancellable",)},

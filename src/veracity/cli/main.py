@@ -583,7 +583,7 @@ def get(config_path: str | None, database_url: str | None, app: str | None, as_j
     async def one(rt: Runtime) -> tuple[Execution, str | None]:
         execution = await rt.service.get(execution_id)
         if follow:
-            execution = await _follow(rt.service, execution)
+            return await _follow(rt.service, execution), None
         return execution, (await rt.service.waiting_reasons([execution])).get(execution.id)
 
     execution, waiting = run(with_runtime(settings, one, read_only=True))

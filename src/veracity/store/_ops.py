@@ -1010,6 +1010,21 @@ def adopt(from_id: str, to_id: str, ffqn_prefix: str | None, actor: str,
     return Adopted(ids)
 
 
+# -- what unfinished executions wait for (core.waiting) -------------------------------------
+
+
+def waits_from(ids: Sequence[uuid.UUID], events: Sequence[Row], children: Sequence[Row]
+               ) -> dict[uuid.UUID, WaitRecord]:
+    """The records of ``execution_waits``: rows of ``history_newest_of_kinds`` and of
+    ``execution_unfinished_children`` gathered by execution."""
+    out = {i: WaitRecord() for i in ids}
+    for r in events:
+        out[r["execution_id"]].events[r["kind"]] = r["data"]
+    for r in children:
+        _, first = out[r["parent_id"]].children.setdefault(
+            r["join_set"], (int(r["n"]), []))
+        first.append(r["id"])
+    return out
 # -- batch submission ------------------------------------------------------------------------
 
 
@@ -1073,20 +1088,3 @@ def submit_many(items: Sequence[NewExecution], now: datetime | None) -> Op:
     if conflicts:
         raise BatchConflict(sorted(conflicts), conflicts)
     return answers
-
-
-# -- what unfinished executions wait for (core.waiting) -------------------------------------
-
-
-def waits_from(ids: Sequence[uuid.UUID], events: Sequence[Row], children: Sequence[Row]
-               ) -> dict[uuid.UUID, WaitRecord]:
-    """The records of ``execution_waits``: rows of ``history_newest_of_kinds`` and of
-    ``execution_unfinished_children`` gathered by execution."""
-    out = {i: WaitRecord() for i in ids}
-    for r in events:
-        out[r["execution_id"]].events[r["kind"]] = r["data"]
-    for r in children:
-        _, first = out[r["parent_id"]].children.setdefault(
-            r["join_set"], (int(r["n"]), []))
-        first.append(r["id"])
-    return out

@@ -4,7 +4,7 @@
 -- Every statement that can end an execution also notifies channel veracity_ended for each
 -- row it ended (its `ended_note` column; identical notifications of one transaction are
 -- folded into one, sent at commit): what answers GET /v1/executions/{id}?wait= wakes on
--- it (veracity/end_waits.py). The trigger veracity_child_finished may end a parent in the
+-- it (veracity/waiting.py). The trigger veracity_child_finished may end a parent in the
 -- same transaction as its child, whose end notifies.
 
 -- name: migrations_lock
@@ -868,12 +868,6 @@ RETURNING id, history_seq
 -- adopted pending executions are due for the new deployment's workers: wake them
 SELECT pg_notify('veracity_pending', '')
 
--- name: execution_ended_among
--- which of these executions have ended
-SELECT id FROM veracity_executions
-WHERE id = ANY (%(ids)s::uuid[])
-  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
-
 -- name: history_newest_of_kinds
 -- the newest event of each kind of each execution (what it waits for: core.waiting); one
 -- index probe backwards per execution and kind
@@ -899,3 +893,8 @@ SELECT parent_id, join_set, id, n FROM (
 ) c
 WHERE rn <= %(shown)s
 ORDER BY parent_id, join_set, created_at, id
+-- name: execution_ended_among
+-- which of these executions have ended
+SELECT id FROM veracity_executions
+WHERE id = ANY (%(ids)s::uuid[])
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')

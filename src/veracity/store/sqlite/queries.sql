@@ -726,12 +726,6 @@ RETURNING *
 UPDATE veracity_api_tokens SET last_used_at = :now
 WHERE key_id = :key_id AND (last_used_at IS NULL OR last_used_at < :now)
 
--- name: execution_ended_among
--- which of these executions have ended
-SELECT id FROM veracity_executions
-WHERE id IN (SELECT value FROM json_each(:ids))
-  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
-
 -- name: history_newest_of_kinds
 -- the newest event of each kind of each execution (what it waits for: core.waiting)
 SELECT h.execution_id, h.kind, h.data
@@ -754,3 +748,8 @@ SELECT parent_id, join_set, id, n FROM (
 ) c
 WHERE rn <= :shown
 ORDER BY parent_id, join_set, created_at, id
+-- name: execution_ended_among
+-- which of these executions have ended
+SELECT id FROM veracity_executions
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from veracity.store.protocol import ReadStore
 
-log = logging.getLogger("veracity.end_waits")
+log = logging.getLogger("veracity.waiting")
 
 RECHECK = 1.0
 """Seconds between checks of the awaited executions without a signal."""

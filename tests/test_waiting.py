@@ -1,4 +1,4 @@
-"""veracity.end_waits.EndWaits on both backends: woken by the store's end signals (not by
+"""veracity.waiting.EndWaits on both backends: woken by the store's end signals (not by
 its periodic check), its check on the clock when the signals are unavailable, release."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from datetime import timedelta
 from typing import Any
 
 from tests._helpers import store_fixture
-from veracity.end_waits import EndWaits
 from veracity.models import Claim, NewExecution
 from veracity.store import Store
+from veracity.waiting import EndWaits
 
 store = store_fixture()
 TTL = timedelta(seconds=60)
