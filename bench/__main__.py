@@ -9,6 +9,7 @@ from bench import (
     auth,
     batch,
     cron,
+    dashboard,
     engine,
     generations,
     reconciler,
@@ -32,6 +33,7 @@ def main() -> None:
     cron.main([])
     auth.main([])
     generations.main([])
+    dashboard.main([])
 
 
 if __name__ == "__main__":

@@ -660,8 +660,8 @@ class ExecutionService:
                            state=str(result.execution.status))
         return result.execution
 
-    async def cancel(self, execution_id: str | uuid.UUID, *, actor: str | None = None
-                     ) -> tuple[Execution, bool]:
+    async def cancel(self, execution_id: str | uuid.UUID, *, actor: str | None = None,
+                     reason: str | None = None) -> tuple[Execution, bool]:
         """Cancel (docs/workflows.md): only -cancellable workflows; terminal or repeated: no
         change."""
         execution = await self.get(execution_id)
@@ -675,7 +675,7 @@ class ExecutionService:
                 "visible and uses no worker.",
                 code="not_cancellable", state=str(execution.status),
             )
-        result = await self.store.execution_cancel(execution.id, actor=actor)
+        result = await self.store.execution_cancel(execution.id, actor=actor, reason=reason)
         cancelled = self._found(execution.id, result)
         if result.changed:
             self._ended(cancelled)
@@ -689,8 +689,8 @@ class ExecutionService:
             cancelled = await self.get(cancelled.id) if look.action else cancelled
         return cancelled, result.changed
 
-    async def retry(self, execution_id: str | uuid.UUID, *, actor: str | None = None
-                    ) -> Execution:
+    async def retry(self, execution_id: str | uuid.UUID, *, actor: str | None = None,
+                    reason: str | None = None) -> Execution:
         """A new execution retrying a failed (or failed_transient) one: linked to it
         (``retry_of``), in the current deployment, replaying the failed run's recorded calls
         up to its failure (its first failed step, child or schedule) and running on from
@@ -712,31 +712,32 @@ class ExecutionService:
                            deployment_id=self.deployment_id, id=new_execution_id(),
                            retry_of=old.id)
         result = await self.store.execution_retry(old.id, new, retry_replay(history),
-                                                  actor=actor)
+                                                  actor=actor, reason=reason)
         created = self._found(old.id, result)
         if self.on_submitted is not None:
             self.on_submitted()
         return created
 
-    async def pause(self, execution_id: str | uuid.UUID, *, actor: str | None = None
-                    ) -> tuple[Execution, bool]:
+    async def pause(self, execution_id: str | uuid.UUID, *, actor: str | None = None,
+                    reason: str | None = None) -> tuple[Execution, bool]:
         ident = await self._ident(execution_id)
-        result = await self.store.execution_pause(ident, actor=actor)
+        result = await self.store.execution_pause(ident, actor=actor, reason=reason)
         paused = self._found(ident, result)
         if result.changed and paused.status == Status.RUNNING and self.on_interrupt is not None:
             self.on_interrupt(ident)
         return paused, result.changed
 
-    async def unpause(self, execution_id: str | uuid.UUID, *, actor: str | None = None
-                      ) -> tuple[Execution, bool]:
+    async def unpause(self, execution_id: str | uuid.UUID, *, actor: str | None = None,
+                      reason: str | None = None) -> tuple[Execution, bool]:
         ident = await self._ident(execution_id)
-        result = await self.store.execution_unpause(ident, actor=actor)
+        result = await self.store.execution_unpause(ident, actor=actor, reason=reason)
         execution = self._found(ident, result)
         if result.changed and self.on_submitted is not None:
             self.on_submitted()
         return execution, result.changed
 
-    async def send(self, execution_id: str | uuid.UUID, topic: str, payload: JSON
+    async def send(self, execution_id: str | uuid.UUID, topic: str, payload: JSON, *,
+                   actor: str | None = None, reason: str | None = None
                    ) -> tuple[Execution, Message]:
         ident = await self._ident(execution_id)
         if not isinstance(topic, str) or not 1 <= len(topic) <= MAX_TOPIC_LENGTH \
@@ -744,7 +745,8 @@ class ExecutionService:
             raise InvalidInput(f"topic must be 1 to {MAX_TOPIC_LENGTH} characters (no NUL)",
                                code="invalid_topic")
         self._check_payload("payload", payload)
-        result = await self.store.message_send(ident, topic, payload)
+        result = await self.store.message_send(ident, topic, payload, actor=actor,
+                                               reason=reason)
         execution = self._found(ident, result)
         assert result.message is not None
         if self.on_submitted is not None:
@@ -895,6 +897,49 @@ class ExecutionService:
 
     async def flag_counts(self) -> dict[str, int]:
         return await self.store.execution_flag_counts()
+
+    # -- the dashboard's reads (docs/dashboard.md) ---------------------------------------
+
+    async def counts_in(self, statuses: Sequence[str]) -> dict[str, int]:
+        """How many executions there are in each of ``statuses``, terminal ones too."""
+        return await self.store.execution_counts_in(statuses)
+
+    async def history_kinds(self, execution_id: str | uuid.UUID) -> dict[str, int]:
+        """How many events of each kind the execution's history holds."""
+        execution = await self.get(execution_id)
+        return await self.store.history_kind_counts(execution.id)
+
+    async def history_page_of_kinds(
+        self, execution_id: str | uuid.UUID, kinds: Sequence[str], *, after_seq: int = 0,
+        limit: int = 1000,
+    ) -> tuple[list[HistoryEvent], int | None]:
+        """As :meth:`history_page`, only events of ``kinds`` (every kind when empty)."""
+        if not kinds:
+            return await self.history_page(execution_id, after_seq=after_seq, limit=limit)
+        execution = await self.get(execution_id)
+        if not 1 <= limit <= MAX_HISTORY_LIMIT:
+            raise InvalidInput(f"limit must be between 1 and {MAX_HISTORY_LIMIT}",
+                               code="invalid_limit")
+        events = await self.store.history_list_kinds(execution.id, kinds, after_seq=after_seq,
+                                                     limit=limit + 1)
+        page = events[:limit]
+        return page, (page[-1].seq if len(events) > limit else None)
+
+    async def descendants(self, root: uuid.UUID, *, limit: int = 500
+                          ) -> dict[uuid.UUID, list[Execution]]:
+        """The tree under ``root``, level by level, at most ``limit`` executions: each
+        parent's id to its children, oldest first."""
+        tree: dict[uuid.UUID, list[Execution]] = {}
+        level = [root]
+        seen = 0
+        while level and seen < limit:
+            found = await self.store.execution_children_of(level, limit=limit - seen)
+            seen += len(found)
+            for child in found:
+                assert child.parent_id is not None
+                tree.setdefault(child.parent_id, []).append(child)
+            level = [c.id for c in found]
+        return tree
 
     async def _ident(self, execution_id: str | uuid.UUID) -> uuid.UUID:
         return execution_id if isinstance(execution_id, uuid.UUID) else parse_id(execution_id)

@@ -35,8 +35,11 @@ ORDERS = "shop:orders/process.run"
 MONITOR = "shop:monitor/stock.run-cancellable"
 
 SCOPED: dict[tuple[str, str], Scope] = {
-    key: access for key, access in ROUTE_ACCESS.items() if isinstance(access, Scope)
+    key: access for key, access in ROUTE_ACCESS.items()
+    if isinstance(access, Scope) and key[1].startswith("/v1/")
 }
+"""The API's scoped routes; the dashboard's (under /ui) answer with pages, and
+tests/ui/test_actions.py checks their scopes."""
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -51,6 +51,7 @@ from veracity.core.states import Status
 from veracity.errors import BadRequest, InvalidInput, PayloadTooLarge, VeracityError
 from veracity.models import ExecutionFilter
 from veracity.telemetry import HttpMetrics, Telemetry
+from veracity.ui.routes import install_dashboard
 
 STATUS_LIST = (r"^\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?"
                r"(?:,\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?)*$")
@@ -477,6 +478,7 @@ def create_api(
         return HistoryPage(items=[HistoryItem.of(e) for e in page],
                            next_cursor=str(after) if after is not None else None)
 
+    install_dashboard(app, auth_required=auth_required)  # /ui (docs/dashboard.md)
     check_routes(app.router.routes, ROUTE_ACCESS)  # a route without its access is a bug
     declare_security(app, auth_required)
     secured = app.openapi

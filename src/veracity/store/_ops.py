@@ -40,6 +40,7 @@ from veracity.models import (
     DeploymentRecord,
     DeploymentSummary,
     Execution,
+    HistoryEvent,
     Interrupt,
     Message,
     NewExecution,
@@ -112,6 +113,11 @@ def execution_from(row: Row) -> Execution:
         retry_of=row["retry_of"],
         started_at=row["started_at"],
     )
+
+
+def event_from(row: Row) -> HistoryEvent:
+    return HistoryEvent(execution_id=row["execution_id"], seq=row["seq"], kind=row["kind"],
+                        at=row["at"], data=row["data"])
 
 
 def message_from(row: Row) -> Message:
@@ -346,7 +352,7 @@ def _stop_cancel(claim: Claim, seq: int, now: datetime | None) -> Op:
 
 
 def retry(old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
-          actor: str | None, now: datetime | None) -> Op:
+          actor: str | None, now: datetime | None, *, reason: str | None = None) -> Op:
     """A new execution retrying a failed one: pending, linked to it (``retry_of``), with the
     failed one's ``replayed`` journal events copied into its history after its ``pending``
     event, so that its run replays them. The failed execution is left unchanged. Refused
@@ -363,10 +369,10 @@ def retry(old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JS
         "deployment_id": new.deployment_id, "retry_of": old_id, "now": now,
         "history_seq": 1 + len(replayed)})
     created = execution_from(rows[0])
-    events: list[tuple[str, JSON]] = [("pending", {
+    events: list[tuple[str, JSON]] = [("pending", _with_reason({
         "ffqn": created.ffqn, "params": created.params,
         "deployment_id": created.deployment_id, "retry_of": str(old_id), "by": actor,
-        "replays": len(replayed)}), *replayed]
+        "replays": len(replayed)}, reason)), *replayed]
     yield from _events(created.id, 0, events, now)
     return ControlResult(created, changed=True)
 
@@ -450,7 +456,8 @@ def wake_due(limit: int, now: datetime | None) -> Op:
 
 
 def send_message(execution_id: uuid.UUID, topic: str, payload: JSON,
-                 now: datetime | None) -> Op:
+                 now: datetime | None, *, actor: str | None = None,
+                 reason: str | None = None) -> Op:
     row = yield from _lock(execution_id)
     if row is None:
         return ControlResult(None)
@@ -469,15 +476,25 @@ def send_message(execution_id: uuid.UUID, topic: str, payload: JSON,
         "events": 2 if wake else 1,
         "from_states": _names(sources_of(Status.PENDING, among=[Status.BLOCKED])),
     })
-    events: list[tuple[str, JSON]] = [
-        ("message_arrived", {"message_id": message.id, "topic": topic})]
+    arrived: dict[str, JSON] = {"message_id": message.id, "topic": topic}
+    if actor is not None:
+        arrived["by"] = actor
+    events: list[tuple[str, JSON]] = [("message_arrived", _with_reason(arrived, reason))]
     if wake:
         events.append(("pending", {"reason": "message arrived", "topic": topic}))
     yield from _events(execution_id, current.history_seq, events, now)
     return ControlResult(execution_from(rows[0]), changed=True, message=message)
 
 
-def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def _with_reason(data: dict[str, JSON], reason: str | None) -> dict[str, JSON]:
+    """An operator's written reason goes into the event, when one was given."""
+    if reason is not None:
+        data["reason"] = reason
+    return data
+
+
+def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None, *,
+           reason: str | None = None) -> Op:
     """Request cancellation of an execution and, recursively, of its cancellable children;
     record cancelled at once whatever is not running and has no unfinished children. The
     caller has checked that the root's name ends in -cancellable."""
@@ -487,12 +504,13 @@ def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> 
     root = execution_from(row)
     if root.status.is_terminal:
         return ControlResult(root)
-    marked = yield from _cancel_subtree(execution_id, actor, now)
+    marked = yield from _cancel_subtree(execution_id, actor, now, reason)
     after = yield from _get(execution_id)
     return ControlResult(after, changed=bool(marked))
 
 
-def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | None,
+                    reason: str | None = None) -> Op:
     """Mark the execution and its cancellable descendants cancel-requested, then record
     cancelled whatever is not running and has no unfinished children."""
     rows = yield Query("execution_cancel_mark", {
@@ -500,8 +518,8 @@ def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | 
     })
     marked = [execution_from(r) for r in rows]
     for e in marked:
-        yield from _events(e.id, e.history_seq - 1, [("cancel_requested", {
-            "by": actor, "root": str(execution_id)})], now)
+        yield from _events(e.id, e.history_seq - 1, [("cancel_requested", _with_reason({
+            "by": actor, "root": str(execution_id)}, reason))], now)
     # settle bottom-up: whatever is not running and has no open children ends now; the
     # trigger records each parent cancelled once its last child has ended
     while True:
@@ -520,7 +538,8 @@ def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | 
     return marked
 
 
-def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None, *,
+          reason: str | None = None) -> Op:
     row = yield from _lock(execution_id)
     if row is None:
         return ControlResult(None)
@@ -537,27 +556,28 @@ def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> O
         return ControlResult(current)
     if current.status == Status.RUNNING:
         rows = yield Query("execution_request_pause", {"id": execution_id, "now": now})
-        yield from _events(execution_id, current.history_seq, [("pause_requested", {
-            "by": actor})], now)
+        yield from _events(execution_id, current.history_seq, [("pause_requested", _with_reason({
+            "by": actor}, reason))], now)
         return ControlResult(execution_from(rows[0]), changed=True)
     rows = yield Query("execution_pause", {
         "id": execution_id, "now": now,
         "from_states": _names(sources_of(Status.PAUSED, among=[Status.PENDING, Status.BLOCKED])),
     })
-    yield from _events(execution_id, current.history_seq, [("paused", {
-        "by": actor, "from": str(current.status)})], now)
+    yield from _events(execution_id, current.history_seq, [("paused", _with_reason({
+        "by": actor, "from": str(current.status)}, reason))], now)
     return ControlResult(execution_from(rows[0]), changed=True)
 
 
-def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None, *,
+            reason: str | None = None) -> Op:
     row = yield from _lock(execution_id)
     if row is None:
         return ControlResult(None)
     current = execution_from(row)
     if current.status == Status.RUNNING and current.pause_requested_at is not None:
         rows = yield Query("execution_withdraw_pause", {"id": execution_id, "now": now})
-        yield from _events(execution_id, current.history_seq, [("pause_withdrawn", {
-            "by": actor})], now)
+        yield from _events(execution_id, current.history_seq, [("pause_withdrawn", _with_reason({
+            "by": actor}, reason))], now)
         return ControlResult(execution_from(rows[0]), changed=True)
     if current.status != Status.PAUSED:
         return ControlResult(current, refused=f"execution is {current.status}, not paused")
@@ -567,7 +587,7 @@ def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) ->
     })
     updated = execution_from(rows[0])
     yield from _events(execution_id, current.history_seq, [(str(updated.status), {
-        "by": actor, "reason": "unpaused"})], now)
+        "by": actor, "reason": "unpaused" if reason is None else f"unpaused: {reason}"})], now)
     return ControlResult(updated, changed=True)
 
 
@@ -804,6 +824,28 @@ def flag_counts() -> Op:
 def status_counts() -> Op:
     rows = yield Query("execution_status_counts", {})
     return {str(r["status"]): int(r["n"]) for r in rows}
+
+
+def counts_in(statuses: list[str]) -> Op:
+    rows = yield Query("execution_counts_in", {"statuses": statuses})
+    return {str(r["status"]): int(r["n"]) for r in rows}
+
+
+def children_of(parent_ids: list[uuid.UUID], limit: int) -> Op:
+    rows = yield Query("execution_children_of", {"parent_ids": parent_ids, "limit": limit})
+    return [execution_from(r) for r in rows]
+
+
+def history_of_kinds(execution_id: uuid.UUID, kinds: list[str], after_seq: int,
+                     limit: int) -> Op:
+    rows = yield Query("history_list_kinds", {
+        "id": execution_id, "kinds": kinds, "after_seq": after_seq, "limit": limit})
+    return [event_from(r) for r in rows]
+
+
+def history_kinds(execution_id: uuid.UUID) -> Op:
+    rows = yield Query("history_kind_counts", {"id": execution_id})
+    return {str(r["kind"]): int(r["n"]) for r in rows}
 
 
 def resolve(execution_id: uuid.UUID, action: ResolveAction, external_id: str | None, reason: str,

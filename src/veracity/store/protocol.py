@@ -107,6 +107,25 @@ class ReadStore(Protocol):
         """How many unfinished executions are in each unfinished status (a status with
         none is left out)."""
 
+    async def execution_counts_in(self, statuses: Sequence[str]) -> dict[str, int]:
+        """How many executions there are in each of ``statuses``, terminal ones included
+        (a status with none is left out)."""
+
+    async def execution_children_of(
+        self, parent_ids: Sequence[uuid.UUID], *, limit: int
+    ) -> list[Execution]:
+        """Up to ``limit`` children of these executions, by parent, then oldest first
+        (created_at, id)."""
+
+    async def history_list_kinds(
+        self, execution_id: uuid.UUID, kinds: Sequence[str], *, after_seq: int = 0,
+        limit: int = 1000,
+    ) -> list[HistoryEvent]:
+        """History events of these kinds only, in order of ``seq``."""
+
+    async def history_kind_counts(self, execution_id: uuid.UUID) -> dict[str, int]:
+        """How many events of each kind the execution's history holds."""
+
     async def cron_records(self, names: Sequence[str]) -> dict[str, CronRecord]:
         """The recorded cron entries among ``names`` (one not yet run by any server is
         absent), each with its newest slot and that slot's execution and status."""
@@ -302,7 +321,7 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
 class RetryWrites(Protocol):
     async def execution_retry(
         self, old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
-        *, actor: str | None = None,
+        *, actor: str | None = None, reason: str | None = None,
     ) -> ControlResult:
         """An operator's retry of a failed (or failed_transient) execution: ``new``, pending
         and linked to it (``retry_of``), with the ``replayed`` journal events of the failed
@@ -353,25 +372,28 @@ class ControlStore(TokenStore, RetryWrites, DelegatedWrites, ReadStore, Protocol
         :class:`~veracity.models.BatchConflict` names those items."""
 
     async def execution_cancel(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult:
         """Request cancellation of the execution and, recursively, of its unfinished
         -cancellable children; record cancelled at once what is not running and has no
         unfinished children. A terminal execution is left unchanged."""
 
     async def execution_pause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult: ...
 
     async def execution_unpause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult: ...
 
     async def message_send(
-        self, execution_id: uuid.UUID, topic: str, payload: JSON
+        self, execution_id: uuid.UUID, topic: str, payload: JSON, *,
+        actor: str | None = None, reason: str | None = None,
     ) -> ControlResult:
         """Store a message durably and wake the execution if it is blocked; refused for a
-        terminal execution."""
+        terminal execution. ``actor`` and ``reason``, when given, are recorded in its
+        ``message_arrived`` event (an operator's reason, given on cancel, pause and
+        unpause too, goes into the event those record)."""
 
     async def execution_callback(
         self, execution_id: uuid.UUID, token: str, report: CallbackReport, payload: JSON, *,

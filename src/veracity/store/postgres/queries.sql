@@ -893,8 +893,35 @@ SELECT parent_id, join_set, id, n FROM (
 ) c
 WHERE rn <= %(shown)s
 ORDER BY parent_id, join_set, created_at, id
+
 -- name: execution_ended_among
 -- which of these executions have ended
 SELECT id FROM veracity_executions
 WHERE id = ANY (%(ids)s::uuid[])
   AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+
+-- ---------------------------------------------------------------------------------------
+-- The dashboard's reads (docs/dashboard.md)
+
+-- name: execution_counts_in
+SELECT status, count(*) AS n FROM veracity_executions
+WHERE status = ANY (%(statuses)s::text[])
+GROUP BY status
+
+-- name: execution_children_of
+SELECT * FROM veracity_executions
+WHERE parent_id = ANY (%(parent_ids)s::uuid[])
+ORDER BY parent_id, created_at, id
+LIMIT %(limit)s
+
+-- name: history_list_kinds
+SELECT * FROM veracity_history
+WHERE execution_id = %(id)s AND seq > %(after_seq)s AND kind = ANY (%(kinds)s::text[])
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: history_kind_counts
+SELECT kind, count(*) AS n FROM veracity_history
+WHERE execution_id = %(id)s
+GROUP BY kind
+ORDER BY kind

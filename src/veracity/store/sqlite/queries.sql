@@ -748,8 +748,36 @@ SELECT parent_id, join_set, id, n FROM (
 ) c
 WHERE rn <= :shown
 ORDER BY parent_id, join_set, created_at, id
+
 -- name: execution_ended_among
 -- which of these executions have ended
 SELECT id FROM veracity_executions
 WHERE id IN (SELECT value FROM json_each(:ids))
   AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+
+-- ---------------------------------------------------------------------------------------
+-- The dashboard's reads (docs/dashboard.md)
+
+-- name: execution_counts_in
+SELECT status, count(*) AS n FROM veracity_executions
+WHERE status IN (SELECT value FROM json_each(:statuses))
+GROUP BY status
+
+-- name: execution_children_of
+SELECT * FROM veracity_executions
+WHERE parent_id IN (SELECT value FROM json_each(:parent_ids))
+ORDER BY parent_id, created_at, id
+LIMIT :limit
+
+-- name: history_list_kinds
+SELECT * FROM veracity_history
+WHERE execution_id = :id AND seq > :after_seq
+  AND kind IN (SELECT value FROM json_each(:kinds))
+ORDER BY seq
+LIMIT :limit
+
+-- name: history_kind_counts
+SELECT kind, count(*) AS n FROM veracity_history
+WHERE execution_id = :id
+GROUP BY kind
+ORDER BY kind
