@@ -141,3 +141,21 @@ async def test_get_follow_waits_and_exits_1_for_a_failure(
     # an ended one answers at once
     again = run(["get", submitted["id"], "--follow"], env, tmp_path)
     assert again.returncode == 1 and "status           failed" in again.stdout
+
+
+async def test_submit_from_file_of_more_than_a_thousand_lines(
+    database_url: str, tmp_path: Path, store: Store
+) -> None:
+    """1,000 lines per transaction: a key of the first thousand repeated in the third is
+    answered its execution, in order."""
+    lines: list[object] = [{"ffqn": ORDERS, "params": [f"o-{i}", i], "idempotency_key": f"k{i}"}
+                           for i in range(2100)]
+    lines[2050] = {"ffqn": ORDERS, "params": ["o-5", 5], "idempotency_key": "k5"}
+    jobs = _write(tmp_path / "many.jsonl", lines)
+    body = ok_json(run(["submit", "--from-file", str(jobs), "--json"],
+                       base_env(database_url), tmp_path))
+    assert len(body["items"]) == 2100
+    assert body["created"].count(False) == 1 and body["created"][2050] is False
+    assert body["items"][2050]["id"] == body["items"][5]["id"]
+    assert [e["params"][1] for e in body["items"][:3]] == [0, 1, 2]
+    assert await _count(store) == 2099
