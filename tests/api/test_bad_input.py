@@ -195,6 +195,7 @@ BODY_ENDPOINTS = [
     ("POST", "/v1/executions/{id}/complete"),
     ("POST", "/v1/executions/{id}/fail"),
     ("PUT", "/v1/executions/{id}/resolve"),
+    ("PUT", "/v1/executions/{id}/pause"),
     ("POST", "/v1/deployments/{id}/adopt"),
 ]
 

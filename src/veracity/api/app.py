@@ -35,6 +35,7 @@ from veracity.api.schemas import (
     HistoryPage,
     MessageOut,
     MessageRequest,
+    PauseRequest,
     ResolveRequest,
     SubmitRequest,
     Time,
@@ -252,12 +253,16 @@ def create_api(
 
     @app.put("/v1/executions/{execution_id}/pause", response_model=ExecutionOut,
              )
-    async def pause(execution_id: ExecutionId, service: Service) -> ExecutionOut:
+    async def pause(execution_id: ExecutionId, service: Service,
+                    body: PauseRequest | None = None) -> ExecutionOut:
         """Hold any non-terminal execution: pending and blocked ones at once, a running one at
-        its next step boundary (it releases its lease). 409 wrong_state for a terminal one;
-        409 not_pausable for a run delegated to an external engine (it cannot pause it:
-        cancel or resolve it instead)."""
-        execution, _ = await service.pause(execution_id)
+        its next step boundary (it releases its lease). An optional body says who pauses it
+        and why (recorded in its history, said by its waiting_reason). 409 wrong_state for
+        a terminal one; 409 not_pausable for a run delegated to an external engine (it
+        cannot pause it: cancel or resolve it instead)."""
+        request = body or PauseRequest()
+        execution, _ = await service.pause(execution_id, actor=request.by,
+                                           reason=request.reason)
         return ExecutionOut.of(execution)
 
     @app.put("/v1/executions/{execution_id}/unpause", response_model=ExecutionOut,

@@ -63,7 +63,9 @@ ROUTE_ERRORS: Mapping[tuple[str, str], Mapping[int, tuple[str, ...]]] = {
         400: ("invalid_id", "invalid_cursor"), 404: ("not_found",), 422: ("invalid_input",)},
     ("PUT", f"{EXECUTION}/cancel"): {**_ID, 409: ("not_cancellable",)},
     ("PUT", f"{EXECUTION}/retry"): {**_ID, 409: ("wrong_state",)},
-    ("PUT", f"{EXECUTION}/pause"): {**_ID, 409: ("wrong_state", "not_pausable")},
+    ("PUT", f"{EXECUTION}/pause"): {
+        **_ID, **BODY, 409: ("wrong_state", "not_pausable"),
+        422: ("malformed_json", "invalid_input", "invalid_reason")},
     ("PUT", f"{EXECUTION}/unpause"): {**_ID, 409: ("wrong_state",)},
     ("POST", f"{EXECUTION}/messages"): {
         **_ID, **BODY, 409: ("wrong_state",),

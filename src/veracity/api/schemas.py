@@ -122,6 +122,20 @@ class ResolveRequest(BaseModel):
                     "finished (recorded as forced, kept on the flagged list)")
 
 
+class PauseRequest(BaseModel):
+    """Who pauses an execution, and why: recorded in its history, said by its
+    ``waiting_reason`` (docs/states.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    by: str | None = Field(default=None, min_length=1, max_length=200,
+                           description="Who pauses it (default: not named)",
+                           json_schema_extra={"pattern": r"\S"})
+    reason: str | None = Field(default=None, min_length=1, max_length=2000,
+                               description="Why; not only spaces (422 invalid_reason)",
+                               json_schema_extra={"pattern": r"\S"})
+
+
 class MessageOut(BaseModel):
     message_id: int
     execution_id: Uuid

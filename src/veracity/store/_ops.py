@@ -508,7 +508,9 @@ def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | 
     return marked
 
 
-def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None,
+          reason: str | None = None) -> Op:
+    why: dict[str, JSON] = {"reason": reason} if reason is not None else {}
     row = yield from _lock(execution_id)
     if row is None:
         return ControlResult(None)
@@ -526,14 +528,14 @@ def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> O
     if current.status == Status.RUNNING:
         rows = yield Query("execution_request_pause", {"id": execution_id, "now": now})
         yield from _events(execution_id, current.history_seq, [("pause_requested", {
-            "by": actor})], now)
+            "by": actor, **why})], now)
         return ControlResult(execution_from(rows[0]), changed=True)
     rows = yield Query("execution_pause", {
         "id": execution_id, "now": now,
         "from_states": _names(sources_of(Status.PAUSED, among=[Status.PENDING, Status.BLOCKED])),
     })
     yield from _events(execution_id, current.history_seq, [("paused", {
-        "by": actor, "from": str(current.status)})], now)
+        "by": actor, "from": str(current.status), **why})], now)
     return ControlResult(execution_from(rows[0]), changed=True)
 
 

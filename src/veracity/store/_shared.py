@@ -186,10 +186,10 @@ class SharedMethods:
         return result
 
     async def execution_pause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult:
         result: ControlResult = await self._op(
-            lambda: _ops.pause(execution_id, actor, self._now()))
+            lambda: _ops.pause(execution_id, actor, self._now(), reason=reason))
         return result
 
     async def execution_unpause(

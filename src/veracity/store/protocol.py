@@ -335,8 +335,10 @@ class ControlStore(TokenStore, RetryWrites, DelegatedWrites, ReadStore, Protocol
         unfinished children. A terminal execution is left unchanged."""
 
     async def execution_pause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
-    ) -> ControlResult: ...
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
+    ) -> ControlResult:
+        """Hold it (docs/workflows.md); ``actor`` and ``reason`` go into its ``paused`` or
+        ``pause_requested`` event (``by``, and ``reason`` when given)."""
 
     async def execution_unpause(
         self, execution_id: uuid.UUID, *, actor: str | None = None
