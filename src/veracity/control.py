@@ -29,7 +29,7 @@ from veracity.core.ffqn import (
     validate_ffqn,
     validate_ffqn_prefix,
 )
-from veracity.core.reconcile import FlagKind
+from veracity.core.reconcile import FlagKind, WriteKind
 from veracity.core.requests import CallbackOutcome, CallbackReport, ResolveAction
 from veracity.core.states import Status
 from veracity.core.tokens import (
@@ -72,6 +72,7 @@ from veracity.models import (
     WorkerRecord,
 )
 from veracity.store.protocol import ControlStore
+from veracity.telemetry import Telemetry
 from veracity.worker.journal import retry_replay
 
 log = logging.getLogger("veracity.control")
@@ -264,6 +265,8 @@ class ExecutionService:
         """Takes looks at delegated runs (resolve, cancel); None: no engine is configured
         here, and a delegated run's engine cannot be asked."""
         self.metrics = metrics
+        self.telemetry: Telemetry | None = None
+        """Where this process counts what it does (docs/operations.md, Metrics)."""
         self.store = store
         self.workflows = workflows
         self.deployment_id = deployment_id
@@ -337,6 +340,8 @@ class ExecutionService:
         )
         if submitted.created and self.on_submitted is not None:
             self.on_submitted()
+        if self.telemetry is not None:
+            self.telemetry.submitted(ffqn, created=submitted.created)
         if not submitted.created and submitted.request_digest != digest:
             raise Conflict(
                 f"idempotency key {idempotency_key!r} was used for a different request "
@@ -525,6 +530,8 @@ class ExecutionService:
             )
         result = await self.store.execution_cancel(execution.id, actor=actor)
         cancelled = self._found(execution.id, result)
+        if result.changed:
+            self._ended(cancelled)
         if result.changed and self.on_interrupt is not None:
             self.on_interrupt(execution.id)
         if (cancelled.status == Status.RUNNING and cancelled.engine is not None
@@ -628,7 +635,11 @@ class ExecutionService:
             raise Unauthorized("the callback token is not this execution's",
                                code="unauthorized")
         assert outcome.execution is not None
+        if outcome.outcome is CallbackOutcome.APPLIED:
+            self._ended(outcome.execution)
         if outcome.outcome is CallbackOutcome.CONFLICT:
+            if self.telemetry is not None:
+                self.telemetry.late("callback")
             raise Conflict(
                 f"execution is already {outcome.execution.status}; the report is kept in "
                 "its history", code="already_ended", state=str(outcome.execution.status))
@@ -678,6 +689,7 @@ class ExecutionService:
             result = await self.store.execution_resolve(
                 ident, action=act, external_id=None, reason=reason, actor=actor,
                 expected_external_id=None, unconfirmed=why)
+            self._ended(result.execution if result.changed else None)
             return self._resolved(action, Resolved(
                 self._found(ident, result), result.changed, "unconfirmed",
                 f"ended without the engine's confirmation: {why}"))
@@ -697,6 +709,9 @@ class ExecutionService:
             result = await self.store.execution_resolve(
                 ident, action=act, external_id=None, reason=reason, actor=actor,
                 expected_external_id=current.external_execution_id, unconfirmed=why)
+            self._ended(result.execution if result.changed else None)
+            if result.changed and self.telemetry is not None:
+                self.telemetry.flagged("operator", "forced")
             return self._resolved(action, Resolved(
                 self._found(ident, result), True, "forced",
                 f"forced: ended without the engine's confirmation ({why})"))
@@ -720,7 +735,17 @@ class ExecutionService:
             applied = await self.store.execution_reconcile_apply([look.action])
             if not applied:
                 look.action = None
+            elif self.telemetry is not None:
+                if look.action.kind is WriteKind.TERMINATE:
+                    self._ended(await self.store.execution_get(execution.id))
+                elif look.action.kind is WriteKind.FLAG and look.action.flag is not None:
+                    self.telemetry.flagged("operator", str(look.action.flag))
         return look
+
+    def _ended(self, execution: Execution | None) -> None:
+        """Count a transition this process wrote, if it ended the execution."""
+        if self.telemetry is not None:
+            self.telemetry.end(execution)
 
     def _resolved(self, action: str, resolved: Resolved) -> Resolved:
         self._count_resolution(action, resolved.outcome)

@@ -60,6 +60,8 @@ class Execution:
     end_requested_at: datetime | None = None
     retry_of: uuid.UUID | None = None
     """For an execution made by an operator's retry: the failed execution it retries."""
+    started_at: datetime | None = None
+    """When a worker first claimed it (kept across later claims); None if it never ran."""
 
 
 @dataclass(frozen=True, slots=True)

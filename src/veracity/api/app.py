@@ -47,6 +47,7 @@ from veracity.core.requests import CallbackReport
 from veracity.core.states import Status
 from veracity.errors import BadRequest, InvalidInput
 from veracity.models import ExecutionFilter
+from veracity.telemetry import HttpMetrics, Telemetry
 
 STATUS_LIST = (r"^\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?"
                r"(?:,\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?)*$")
@@ -110,6 +111,7 @@ def create_api(
     registry: CollectorRegistry | None = None,
     health_timeout: float = HEALTH_TIMEOUT,
     auth_required: bool = False,
+    telemetry: Telemetry | None = None,
 ) -> FastAPI:
     """The API. Pass a ready ``service``, or a ``lifespan`` that puts one on
     ``app.state.service`` at start (the server does that, to open the store there).
@@ -138,6 +140,8 @@ def create_api(
     app.add_middleware(JsonBodies)
     # added last, so outermost: a request is refused for its token before its body is read
     app.add_middleware(TokenAuth, required=auth_required)
+    if telemetry is not None:  # outermost: every answer counted, a refused token's too
+        app.add_middleware(HttpMetrics, telemetry=telemetry, routes=app.router.routes)
 
     @app.get("/healthz", response_model=Health)
     async def healthz(service: Service) -> Health | JSONResponse:
@@ -153,7 +157,8 @@ def create_api(
                                   headers={"Retry-After": "1"})
         return Health(status="ok", database="ok", backend=service.store.backend)
 
-    metrics_registry = registry or CollectorRegistry()
+    metrics_registry = registry or (telemetry.registry if telemetry is not None
+                                    else CollectorRegistry())
     app.state.metrics_registry = metrics_registry
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -169,6 +174,14 @@ def create_api(
             if counts is not None:
                 for kind, child in service.metrics.flagged_children():
                     child.set(counts.get(kind, 0))
+        if service is not None and telemetry is not None:
+            try:
+                statuses = await asyncio.wait_for(service.store.execution_status_counts(),
+                                                  METRICS_DB_WAIT)
+            except Exception:  # the gauge keeps its last values
+                statuses = None
+            if statuses is not None:
+                telemetry.set_counts(statuses)
         return PlainTextResponse(
             generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST
         )

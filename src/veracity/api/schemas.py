@@ -179,6 +179,9 @@ class ExecutionOut(BaseModel):
     retry_of: Uuid | None = Field(
         default=None, description="For a retry (PUT .../retry): the failed execution it "
         "retries")
+    started_at: datetime | None = Field(
+        default=None, description="When a worker first claimed it (kept across later "
+        "claims); null if it never ran")
     waiting_reason: str | None = Field(
         default=None, description="Why an unfinished execution is not finished yet, in "
         "words (asleep until T, waiting for a message or children, paused by whom, held by "
@@ -235,6 +238,7 @@ class ExecutionOut(BaseModel):
             end_request=e.end_request,
             end_requested_at=e.end_requested_at,
             retry_of=str(e.retry_of) if e.retry_of else None,
+            started_at=e.started_at,
             waiting_reason=waiting_reason,
         )
 

@@ -203,14 +203,17 @@ def server(config_path: str | None, database_url: str | None, app: str | None,
 @common_options
 @click.option("--concurrency", default=None, type=click.IntRange(1, 10000),
               help="Executions run at once (VERACITY_WORKER_CONCURRENCY).")
+@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
+              help="Serve Prometheus metrics on this port (VERACITY_WORKER_METRICS_PORT).")
 def worker(config_path: str | None, database_url: str | None, app: str | None,
-           concurrency: int | None) -> None:
+           concurrency: int | None, metrics_port: int | None) -> None:
     """Run a worker: claim and run executions of the app's workflows until SIGTERM/SIGINT."""
     from veracity._logging import setup_logging
     from veracity.worker.main import run_worker
 
     settings = settings_from(config_path, database_url=database_url, app=app,
-                             **{"worker.concurrency": concurrency})
+                             **{"worker.concurrency": concurrency,
+                                "worker.metrics_port": metrics_port})
     setup_logging(settings.log_level)
     sys.exit(run(run_worker(settings), fast_loop=True))
 

@@ -108,6 +108,7 @@ def execution_from(row: Row) -> Execution:
         end_request=row["end_request"],
         end_requested_at=row["end_requested_at"],
         retry_of=row["retry_of"],
+        started_at=row["started_at"],
     )
 
 
@@ -789,6 +790,11 @@ def reconcile_apply(actions: Sequence[ReconcileAction], now: datetime | None) ->
 def flag_counts() -> Op:
     rows = yield Query("execution_flag_counts", {})
     return {str(r["flag_kind"]): int(r["n"]) for r in rows}
+
+
+def status_counts() -> Op:
+    rows = yield Query("execution_status_counts", {})
+    return {str(r["status"]): int(r["n"]) for r in rows}
 
 
 def resolve(execution_id: uuid.UUID, action: ResolveAction, external_id: str | None, reason: str,

@@ -103,6 +103,10 @@ class ReadStore(Protocol):
     async def execution_flag_counts(self) -> dict[str, int]:
         """How many executions carry each flag kind (terminal forced ones included)."""
 
+    async def execution_status_counts(self) -> dict[str, int]:
+        """How many unfinished executions are in each unfinished status (a status with
+        none is left out)."""
+
     async def cron_records(self, names: Sequence[str]) -> dict[str, CronRecord]:
         """The recorded cron entries among ``names`` (one not yet run by any server is
         absent), each with its newest slot and that slot's execution and status."""

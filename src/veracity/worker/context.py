@@ -76,6 +76,7 @@ from veracity.worker.journal import (
 
 if TYPE_CHECKING:
     from veracity.store.protocol import JournalStore
+    from veracity.telemetry import Telemetry
 
 __all__ = [
     "CHILD_SUBMITTED",
@@ -212,8 +213,12 @@ class Context:
         retry: int = 0,
         http: HttpClient | None = None,
         claimed_seq: int = 0,
+        telemetry: Telemetry | None = None,
+        ffqn: str = "",
     ) -> None:
         self._store = store
+        self._telemetry = telemetry
+        self._ffqn = ffqn
         # the history's length when this run was claimed: what this claim writes comes after
         self._claimed_seq = claimed_seq
         self._http = http
@@ -374,6 +379,8 @@ class Context:
                 raise
             except Exception as exc:
                 if policy.should_retry(attempts, exc):
+                    if self._telemetry is not None:
+                        self._telemetry.step_retry(self._ffqn)
                     await asyncio.sleep(policy.delay(attempts, self._rng.random()))
                     self._check()
                     continue
@@ -382,12 +389,16 @@ class Context:
                     "pos": pos, "name": label, "args": digest, "attempts": attempts,
                     "error": info,
                 })
+                if self._telemetry is not None:
+                    self._telemetry.step(self._ffqn, "failed")
                 raise StepFailed(label, info["type"], info["message"]) from exc
             self.steps_run += 1
             await self._checkpoint(STEP_COMPLETED, {
                 "pos": pos, "name": label, "args": digest, "attempts": attempts,
                 "result": result,
             })
+            if self._telemetry is not None:
+                self._telemetry.step(self._ffqn, "completed")
             return cast(Any, result)
 
     # -- internals ------------------------------------------------------------------------
@@ -436,6 +447,8 @@ class Context:
         self._unwritten_children.clear()
         if not outcome.applied:
             # fenced out: someone else owns the execution now; stop without writing more
+            if self._telemetry is not None and outcome.execution is not None:
+                self._telemetry.late("worker")  # the refused write is kept as a late report
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")
 

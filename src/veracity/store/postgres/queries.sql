@@ -113,6 +113,7 @@ WITH pinned AS (
 ), claimed AS (
     UPDATE veracity_executions AS e SET
         status = 'running',
+        started_at = coalesce(e.started_at, %(now)s::timestamptz, now()),
         deployment_id = coalesce(%(deployment_id)s::text, e.deployment_id),
         lease_owner = %(owner)s,
         lease_epoch = e.lease_epoch + 1,
@@ -687,6 +688,14 @@ UPDATE veracity_executions SET flag_reason = flag_reason || %(note)s WHERE id = 
 SELECT flag_kind, count(*) AS n FROM veracity_executions
 WHERE flagged_at IS NOT NULL
 GROUP BY flag_kind
+
+-- name: execution_status_counts
+-- Unfinished executions by status (the telemetry's gauge, read at each scrape): the
+-- partial index veracity_executions_unfinished holds exactly these rows, so the count
+-- costs what is unfinished, not the whole table (its status list repeated word for word).
+SELECT status, count(*) AS n FROM veracity_executions
+WHERE status IN ('pending', 'running', 'blocked', 'paused')
+GROUP BY status
 
 -- name: history_append_many
 -- rows [{execution_id, seq, kind, data}]: many executions' events in one statement

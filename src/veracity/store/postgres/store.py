@@ -168,10 +168,14 @@ class PostgresStore(SharedMethods):
     backend = "postgresql"
     supports_notifications = True
 
-    def __init__(self, url: str, pool: AsyncConnectionPool[Any], clock: Clock) -> None:
+    def __init__(self, url: str, pool: AsyncConnectionPool[Any], clock: Clock, *,
+                 connect_timeout: int = 10) -> None:
         self._url = url
         self._pool = pool
         self._clock = clock
+        self._connect_timeout = connect_timeout
+        """Seconds a connection of its own (a single-runner lock's, a LISTEN) may take to
+        open: a server that accepts and never answers fails the tick after this long."""
 
     @classmethod
     async def open(
@@ -203,7 +207,7 @@ class PostgresStore(SharedMethods):
             timeout=POOL_WAIT,
         )
         await pool.open(wait=True, timeout=15)
-        return cls(url, pool, clock)
+        return cls(url, pool, clock, connect_timeout=connect_timeout)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -573,7 +577,8 @@ class PostgresStore(SharedMethods):
         key = lock_key(name)
         # a connection of its own for the whole tick: the lock lives in its session
         conn = await psycopg.AsyncConnection.connect(
-            self._url, autocommit=True, row_factory=dict_row, connect_timeout=10
+            self._url, autocommit=True, row_factory=dict_row,
+            connect_timeout=self._connect_timeout,
         )
         try:
             cur = await conn.execute(_q("lock_try"), {"key": key})
@@ -604,7 +609,7 @@ class PostgresStore(SharedMethods):
 
     async def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
         conn = await psycopg.AsyncConnection.connect(
-            self._url, autocommit=True, connect_timeout=10
+            self._url, autocommit=True, connect_timeout=self._connect_timeout
         )
         try:
             await conn.execute(f"LISTEN {INTERRUPT_CHANNEL}")
@@ -618,7 +623,7 @@ class PostgresStore(SharedMethods):
 
     async def pending_notifications(self) -> AsyncIterator[None]:
         conn = await psycopg.AsyncConnection.connect(
-            self._url, autocommit=True, connect_timeout=10
+            self._url, autocommit=True, connect_timeout=self._connect_timeout
         )
         try:
             await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")

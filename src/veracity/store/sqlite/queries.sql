@@ -71,6 +71,7 @@ LIMIT :limit
 -- BEGIN IMMEDIATE is the lock. :deployment_id NULL: every workflow is in :upgrading.
 UPDATE veracity_executions SET
     status = 'running',
+    started_at = coalesce(started_at, :now),
     deployment_id = coalesce(:deployment_id, deployment_id),
     lease_owner = :owner,
     lease_epoch = lease_epoch + 1,
@@ -532,6 +533,14 @@ UPDATE veracity_executions SET flag_reason = flag_reason || :note WHERE id = :id
 SELECT flag_kind, count(*) AS n FROM veracity_executions
 WHERE flagged_at IS NOT NULL
 GROUP BY flag_kind
+
+-- name: execution_status_counts
+-- Unfinished executions by status (the telemetry's gauge, read at each scrape): the
+-- partial index veracity_executions_unfinished holds exactly these rows, so the count
+-- costs what is unfinished, not the whole table (its status list repeated word for word).
+SELECT status, count(*) AS n FROM veracity_executions
+WHERE status IN ('pending', 'running', 'blocked', 'paused')
+GROUP BY status
 
 -- name: history_append_many
 -- rows [{execution_id, seq, kind, data}]: many executions' events in one statement

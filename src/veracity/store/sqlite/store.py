@@ -130,6 +130,7 @@ def row_to_execution(row: sqlite3.Row) -> Execution:
         end_request=_loads(row["end_request"]),
         end_requested_at=_opt_time(row["end_requested_at"]),
         retry_of=uuid.UUID(row["retry_of"]) if row["retry_of"] else None,
+        started_at=from_us(row["started_at"]) if row["started_at"] is not None else None,
     )
 
 
