@@ -265,3 +265,16 @@ def test_the_document_cites_the_repositorys_docs_only(api: FastAPI) -> None:
     for word in ("DESIGN", "STYLE.md", "seed"):
         assert word not in text, word
     assert "docs/states.md" in text and "docs/external.md" in text
+
+
+def test_the_readme_error_table_names_every_code_the_routes_answer() -> None:
+    """README's table of errors (status -> codes) has each code a route lists, under the
+    status it is listed with."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = {int(m[1]): m[2] for m in re.finditer(r"^\| (\d{3}) \| (.*) \|$", readme, re.M)}
+    missing = sorted({f"{status} {code}" for errors in ROUTE_ERRORS.values()
+                      for status, codes in errors.items() for code in codes
+                      if f"`{code}`" not in rows.get(status, "")})
+    assert not missing, missing
