@@ -129,6 +129,10 @@ POST_CASES: dict[str, Case] = {
     "key-too-long": (body_with(idempotency_key="k" * 257), 422, "invalid_input"),
     "key-list": (body_with(idempotency_key=["k"]), 422, "invalid_input"),
     "scheduled-at-bool": (body_with(scheduled_at=True), 422, "invalid_input"),
+    # paused is a JSON boolean: 0, 1 and "true" are not (found by schemathesis)
+    "paused-zero": (body_with(paused=0), 422, "invalid_input"),
+    "paused-one": (body_with(paused=1), 422, "invalid_input"),
+    "paused-string": (body_with(paused="true"), 422, "invalid_input"),
     "scheduled-at-list": (body_with(scheduled_at=["2030-01-01T00:00:00Z"]), 422,
                           "invalid_input"),
     "scheduled-at-object": (body_with(scheduled_at={"at": "2030-01-01T00:00:00Z"}), 422,

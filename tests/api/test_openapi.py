@@ -278,3 +278,18 @@ def test_the_readme_error_table_names_every_code_the_routes_answer() -> None:
                       for status, codes in errors.items() for code in codes
                       if f"`{code}`" not in rows.get(status, "")})
     assert not missing, missing
+
+
+def test_a_submission_links_to_the_operations_on_its_execution(api: FastAPI) -> None:
+    doc = document(api)
+    submit = doc["paths"]["/v1/executions"]["post"]
+    on_one = {op["operationId"] for m, path, op in operations(doc)
+              if path.startswith("/v1/executions/{execution_id}")}
+    for status in ("200", "201"):
+        links = submit["responses"][status]["links"]
+        assert {link["operationId"] for link in links.values()} == on_one
+        assert all(link["parameters"] == {"execution_id": "$response.body#/id"}
+                   for link in links.values())
+    # the server's own workflows are the examples of a submission's name
+    ffqn = doc["components"]["schemas"]["SubmitRequest"]["properties"]["ffqn"]
+    assert ffqn["examples"] == sorted(api.state.service.workflows)

@@ -411,7 +411,9 @@ def create_api(
     def openapi() -> dict[str, Any]:
         if getattr(app.state, "openapi_finished", False) and app.openapi_schema is not None:
             return app.openapi_schema
-        app.openapi_schema = finish_document(secured())
+        service: ExecutionService | None = getattr(app.state, "service", None)
+        app.openapi_schema = finish_document(
+            secured(), service.workflows if service is not None else ())
         app.state.openapi_finished = True
         return app.openapi_schema
 

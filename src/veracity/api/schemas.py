@@ -68,7 +68,7 @@ class SubmitRequest(BaseModel):
         default=None, description="Not claimable before this time (default: now); from 1970 "
         "to 9999 (422 invalid_time otherwise)"
     )
-    paused: bool = Field(default=False, description="Submit on hold (status paused)")
+    paused: StrictBool = Field(default=False, description="Submit on hold (status paused)")
 
 
 class MessageRequest(BaseModel):
