@@ -180,7 +180,7 @@ def test_delegated_and_flagged() -> None:
     f = facts(Status.RUNNING, engine="n8n", external_execution_id="981",
               flag_reason="limit breached", coverage=None)
     assert waiting_reason(f) == (
-        "running in engine n8n as run 981; flagged for an operator: limit breached")
+        "running in engine n8n as run 981; flagged: limit breached")
 
 
 # -- blocked ---------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from veracity.api.schemas import (
     MessageOut,
     MessageRequest,
     PauseRequest,
+    QueryBool,
     ResolveRequest,
     SubmitRequest,
     Time,
@@ -215,7 +216,9 @@ def create_api(
             description="Only those created at or after this time")] = None,
         created_before: Annotated[Time | None, Query(
             description="Only those created before this time")] = None,
-        flagged: bool | None = None,
+        flagged: Annotated[QueryBool | None, Query(
+            description="Only those flagged for an operator (true), or only the others "
+                        "(false)")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         cursor: Annotated[str | None, Query(max_length=512)] = None,
     ) -> ExecutionPage:

@@ -44,6 +44,18 @@ Time = Annotated[
     WithJsonSchema({"type": "string", "format": "date-time", "description": TIME_FORMAT})]
 """A time the API takes: RFC 3339 with its offset (``format: date-time``)."""
 
+def _bool_text(value: Any) -> Any:
+    """A boolean in a query is ``true`` or ``false``, as the document says; not ``1``,
+    ``yes`` or ``on``."""
+    if value not in ("true", "false"):
+        raise ValueError("must be true or false")
+    return value == "true"
+
+
+QueryBool = Annotated[bool, BeforeValidator(_bool_text),
+                      WithJsonSchema({"type": "boolean"})]
+"""A boolean query parameter: ``true`` or ``false``."""
+
 Uuid = Annotated[str, WithJsonSchema({"type": "string", "format": "uuid"})]
 """An id the API answers with: a UUID."""
 

@@ -287,7 +287,7 @@ def _delegated(f: Facts) -> str:
         parts.append(f"stop requested at {fmt_time(at)}: waiting for the engine to "
                      "confirm it")
     if f.flag_reason:
-        parts.append(f"flagged for an operator: {f.flag_reason}")
+        parts.append(f"flagged: {f.flag_reason}")
     return "; ".join(parts)
 
 
