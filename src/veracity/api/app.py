@@ -87,6 +87,13 @@ async def _service(request: Request) -> ExecutionService:
 Service = Annotated[ExecutionService, Depends(_service)]
 
 
+def _token_name(request: Request) -> str | None:
+    """The name of the API token the request was made with (api/auth.py), if any: who an
+    operator's request is recorded as made by, unless its body names someone."""
+    name = getattr(request.state, "token_name", None)
+    return name if isinstance(name, str) else None
+
+
 def _statuses(values: list[str] | None) -> tuple[Status, ...]:
     out: list[Status] = []
     for value in values or []:
@@ -248,44 +255,48 @@ def create_api(
 
     @app.put("/v1/executions/{execution_id}/cancel", response_model=ExecutionOut,
              )
-    async def cancel(execution_id: ExecutionId, service: Service) -> ExecutionOut:
+    async def cancel(execution_id: ExecutionId, service: Service,
+                     request: Request) -> ExecutionOut:
         """Cancel an execution whose workflow name ends in -cancellable, and recursively its
         cancellable children. A running one stops at its next await; a run delegated to an
         external engine is asked to stop there and ends cancelled once the engine confirms
         it finished (until then it stays running with cancel_requested_at). Cancelling a
         terminal execution, or twice, answers 200 and changes nothing; any other name
         answers 409."""
-        execution, _ = await service.cancel(execution_id)
+        execution, _ = await service.cancel(execution_id, actor=_token_name(request))
         return ExecutionOut.of(execution)
 
     @app.put("/v1/executions/{execution_id}/retry", status_code=201,
              response_model=ExecutionOut, )
-    async def retry(execution_id: ExecutionId, service: Service) -> ExecutionOut:
+    async def retry(execution_id: ExecutionId, service: Service,
+                    request: Request) -> ExecutionOut:
         """Retry a failed or failed_transient execution: 201 and a new execution linked to
         it (retry_of), which replays the failed run's recorded calls up to its failure and
         runs on from there. The failed one is left unchanged. Any other status: 409
         wrong_state."""
-        return ExecutionOut.of(await service.retry(execution_id))
+        return ExecutionOut.of(await service.retry(execution_id, actor=_token_name(request)))
 
     @app.put("/v1/executions/{execution_id}/pause", response_model=ExecutionOut,
              )
-    async def pause(execution_id: ExecutionId, service: Service,
+    async def pause(execution_id: ExecutionId, service: Service, request: Request,
                     body: PauseRequest | None = None) -> ExecutionOut:
         """Hold any non-terminal execution: pending and blocked ones at once, a running one at
         its next step boundary (it releases its lease). An optional body says who pauses it
         and why (recorded in its history, said by its waiting_reason). 409 wrong_state for
         a terminal one; 409 not_pausable for a run delegated to an external engine (it
         cannot pause it: cancel or resolve it instead)."""
-        request = body or PauseRequest()
-        execution, _ = await service.pause(execution_id, actor=request.by,
-                                           reason=request.reason)
+        asked = body or PauseRequest()
+        execution, _ = await service.pause(execution_id,
+                                           actor=asked.by or _token_name(request),
+                                           reason=asked.reason)
         return ExecutionOut.of(execution)
 
     @app.put("/v1/executions/{execution_id}/unpause", response_model=ExecutionOut,
              )
-    async def unpause(execution_id: ExecutionId, service: Service) -> ExecutionOut:
+    async def unpause(execution_id: ExecutionId, service: Service,
+                      request: Request) -> ExecutionOut:
         """Back to pending (or blocked, if it still waits for something). 409 if not paused."""
-        execution, _ = await service.unpause(execution_id)
+        execution, _ = await service.unpause(execution_id, actor=_token_name(request))
         return ExecutionOut.of(execution)
 
     @app.post("/v1/executions/{execution_id}/messages", status_code=201,

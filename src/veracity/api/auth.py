@@ -153,17 +153,21 @@ class TokenAuth:
         if token is None and not self.required:
             await self.app(scope, receive, send)
             return
-        refusal = await self._refusal(api, token, needed, route)
+        refusal = await self._refusal(api, token, needed, route, scope)
         if refusal is None:
             await self.app(scope, receive, send)
         else:
             await refusal(scope, receive, send)
 
     async def _refusal(self, api: FastAPI, token: str | None, needed: TokenScope,
-                       route: str) -> JSONResponse | None:
+                       route: str, scope: Scope) -> JSONResponse | None:
+        """None when the token may call the route; its name is then the request's
+        ``token_name`` (``request.state``): who an operator's request names as its actor
+        unless it says otherwise."""
         tokens = TokenService(api.state.service.store)
         try:
-            await tokens.authenticate(token, needed, route=route)
+            record = await tokens.authenticate(token, needed, route=route)
+            scope.setdefault("state", {})["token_name"] = record.name
         except Unauthorized as exc:
             log.info("refused %s: %s", route, exc.message, extra={"domain": "api"})
             challenge = 'Bearer realm="veracity"'
