@@ -5,13 +5,28 @@ from __future__ import annotations
 import os
 import platform
 
-from bench import auth, cron, engine, reconciler, submit, waiting, wakeups, workers
+from bench import (
+    auth,
+    batch,
+    cron,
+    dashboard,
+    engine,
+    generations,
+    reconciler,
+    startup,
+    submit,
+    waiting,
+    wakeups,
+    workers,
+)
 
 
 def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {platform.platform()}")
     submit.main([])
+    batch.main([])
+    startup.main([])
     workers.main([])
     engine.main([])
     reconciler.main([])
@@ -19,6 +34,8 @@ def main() -> None:
     cron.main([])
     auth.main([])
     waiting.main([])
+    generations.main([])
+    dashboard.main([])
 
 
 if __name__ == "__main__":
