@@ -779,6 +779,8 @@ def retry(config_path: str | None, database_url: str | None, app: str | None,
 
 
 _control("cancel", "Cancel a -cancellable execution (and its cancellable children).")
+
+
 @cli.command(name="pause")
 @common_options
 @json_option
@@ -793,6 +795,8 @@ def pause(config_path: str | None, database_url: str | None, app: str | None,
     execution, changed = run(with_runtime(
         settings, lambda rt: rt.service.pause(execution_id, actor=by, reason=reason)))
     _report("pause", execution, changed, as_json)
+
+
 _control("unpause", "Release a paused execution.")
 
 
