@@ -15,6 +15,7 @@ from bench import (
     reconciler,
     startup,
     submit,
+    waiting,
     wakeups,
     workers,
 )
@@ -32,6 +33,7 @@ def main() -> None:
     wakeups.main([])
     cron.main([])
     auth.main([])
+    waiting.main([])
     dashboard.main([])
     generations.main([])
 

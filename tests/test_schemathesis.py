@@ -1,8 +1,10 @@
 """A bounded schemathesis run against a real ``veracity server``'s ``/openapi.json``, on
 both backends: every operation, with data generated from the document (valid and not),
-answered without a 5xx, with a status the document lists for it, a content type and
-headers it declares, a body its schema allows, and bad data refused. A fixed seed and ten
-cases per operation and phase keep it to some twenty seconds per backend."""
+and sequences that follow its links (a submission, then operations on the execution it
+made, from the server's own workflow names given as examples), answered without a 5xx,
+with a status the document lists for it, a content type and headers it declares, a body
+its schema allows, and bad data refused. A fixed seed and ten cases per operation and
+phase keep it to about half a minute per backend."""
 
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(
         server.wait_healthy()
         run = subprocess.run(
             [schemathesis_bin(), "run", f"{server.url}/openapi.json", "--checks", CHECKS,
-             "--phases", "coverage,fuzzing", "--max-examples", "10", "--seed", "20261201",
+             "--phases", "examples,coverage,fuzzing,stateful", "--max-examples", "10",
+             "--seed", "20261201",
              "--workers", "1", "--generation-database", "none", "--no-color",
              "--request-timeout", "10", "--report-dir", str(tmp_path / "report")],
             cwd=tmp_path, capture_output=True, text=True, timeout=100, check=False)

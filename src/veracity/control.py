@@ -90,6 +90,8 @@ MAX_IDEMPOTENCY_KEY = 256
 MAX_JSON_DEPTH = 128
 MAX_TOPIC_LENGTH = 256
 MAX_DEPLOYMENT_ID = 128
+MAX_ACTOR = 200
+MAX_REASON = 2000
 MAX_WORKERS_READ = 1000
 """Workers read for waiting reasons (the newest ones; a lease holder older than these is
 told as not registered)."""
@@ -720,7 +722,18 @@ class ExecutionService:
 
     async def pause(self, execution_id: str | uuid.UUID, *, actor: str | None = None,
                     reason: str | None = None) -> tuple[Execution, bool]:
+        """Hold it: pending and blocked ones at once, a running one at its next step
+        boundary. ``actor`` and ``reason`` (who and why) are recorded in its history and
+        said by its waiting reason."""
         ident = await self._ident(execution_id)
+        if actor is not None and (not 1 <= len(actor) <= MAX_ACTOR or "\x00" in actor
+                                  or not actor.strip()):
+            raise InvalidInput(f"by must be 1 to {MAX_ACTOR} characters, not only spaces "
+                               "(no NUL)", code="invalid_input")
+        if reason is not None and (not 1 <= len(reason) <= MAX_REASON or "\x00" in reason
+                                   or not reason.strip()):
+            raise InvalidInput(f"a reason is 1 to {MAX_REASON} characters, not only spaces "
+                               "(no NUL)", code="invalid_reason")
         result = await self.store.execution_pause(ident, actor=actor, reason=reason)
         paused = self._found(ident, result)
         if result.changed and paused.status == Status.RUNNING and self.on_interrupt is not None:

@@ -395,6 +395,30 @@ async def test_admin_alone_does_everything(secured: httpx.AsyncClient, store: St
     assert final["status"] == "cancelled"
 
 
+async def test_an_operators_request_is_recorded_as_made_by_its_tokens_name(
+    secured: httpx.AsyncClient, store: Store
+) -> None:
+    """Pause, unpause and cancel made with a token record the token's name as ``by`` (a
+    pause's body may name someone else), and the waiting reason says who paused it."""
+    ada = bearer(await token(store, Scope.ADMIN, name="ada-laptop"))
+    submitted = await secured.post("/v1/executions", headers=ada,
+                                   json={"ffqn": MONITOR, "params": ["sku", 1]})
+    ident = submitted.json()["id"]
+    for path, body in [("pause", {"reason": "look first"}), ("unpause", None),
+                       ("pause", {"by": "bob"}), ("cancel", None)]:
+        response = await secured.put(f"/v1/executions/{ident}/{path}", json=body, headers=ada)
+        assert response.status_code == 200, response.text
+        if response.json()["status"] == "paused":
+            got = (await secured.get(f"/v1/executions/{ident}", headers=ada)).json()
+            who = "bob" if body == {"by": "bob"} else "ada-laptop while pending: look first"
+            assert got["waiting_reason"].startswith(f"paused by {who}"), got
+    history = (await secured.get(f"/v1/executions/{ident}/history", headers=ada)).json()
+    by = [(e["kind"], e["data"].get("by")) for e in history["items"]
+          if e["kind"] in ("paused", "pending", "cancelled") and e["seq"] > 1]
+    assert by == [("paused", "ada-laptop"), ("pending", "ada-laptop"), ("paused", "bob"),
+                  ("cancelled", "ada-laptop")], history["items"]
+
+
 # -- what stays as it was ---------------------------------------------------------------
 
 

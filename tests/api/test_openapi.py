@@ -265,3 +265,31 @@ def test_the_document_cites_the_repositorys_docs_only(api: FastAPI) -> None:
     for word in ("DESIGN", "STYLE.md", "seed"):
         assert word not in text, word
     assert "docs/states.md" in text and "docs/external.md" in text
+
+
+def test_the_readme_error_table_names_every_code_the_routes_answer() -> None:
+    """README's table of errors (status -> codes) has each code a route lists, under the
+    status it is listed with."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = {int(m[1]): m[2] for m in re.finditer(r"^\| (\d{3}) \| (.*) \|$", readme, re.M)}
+    missing = sorted({f"{status} {code}" for errors in ROUTE_ERRORS.values()
+                      for status, codes in errors.items() for code in codes
+                      if f"`{code}`" not in rows.get(status, "")})
+    assert not missing, missing
+
+
+def test_a_submission_links_to_the_operations_on_its_execution(api: FastAPI) -> None:
+    doc = document(api)
+    submit = doc["paths"]["/v1/executions"]["post"]
+    on_one = {op["operationId"] for m, path, op in operations(doc)
+              if path.startswith("/v1/executions/{execution_id}")}
+    for status in ("200", "201"):
+        links = submit["responses"][status]["links"]
+        assert {link["operationId"] for link in links.values()} == on_one
+        assert all(link["parameters"] == {"execution_id": "$response.body#/id"}
+                   for link in links.values())
+    # the server's own workflows are the examples of a submission's name
+    ffqn = doc["components"]["schemas"]["SubmitRequest"]["properties"]["ffqn"]
+    assert ffqn["examples"] == sorted(api.state.service.workflows)

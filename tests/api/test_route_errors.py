@@ -143,6 +143,12 @@ async def test_every_listed_error_is_answered_and_every_answer_listed(
     await call("PUT", f"{E}/retry", f"/v1/executions/{pending}/retry")
     await call("PUT", f"{E}/pause", f"/v1/executions/{cancelled}/pause")
     await call("PUT", f"{E}/pause", f"/v1/executions/{engine}/pause")
+    p = f"/v1/executions/{pending}/pause"
+    await call("PUT", f"{E}/pause", p, content=b"{")
+    await call("PUT", f"{E}/pause", p, json={"why": "x"})
+    await call("PUT", f"{E}/pause", p, json={"reason": " "})
+    await call("PUT", f"{E}/pause", p, json={"reason": big})
+    await call("PUT", f"{E}/pause", p, content=b"x", headers={"content-type": "text/plain"})
     await call("PUT", f"{E}/unpause", f"/v1/executions/{pending}/unpause")
     assert (await client.put(f"/v1/executions/{paused}/unpause")).status_code == 200
     # messages

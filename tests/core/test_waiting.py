@@ -180,7 +180,7 @@ def test_delegated_and_flagged() -> None:
     f = facts(Status.RUNNING, engine="n8n", external_execution_id="981",
               flag_reason="limit breached", coverage=None)
     assert waiting_reason(f) == (
-        "running in engine n8n as run 981; flagged for an operator: limit breached")
+        "running in engine n8n as run 981; flagged: limit breached")
 
 
 # -- blocked ---------------------------------------------------------------------------------
@@ -284,19 +284,38 @@ def test_paused_while_blocked_says_what_it_waits_for_once_unpaused() -> None:
         'paused by ada while blocked; once unpaused, waiting for message "approval"')
 
 
-def test_parked_at_a_step_boundary_after_a_pause_request() -> None:
-    f = paused({"owner": "w1", "epoch": 3, "reason": "pause requested; parked at a step "
-                "boundary"}, pause_requested={"by": "bob"}, paused_from="pending")
-    assert waiting_reason(f) == "paused by bob: pause requested; parked at a step boundary"
+def test_paused_with_a_reason() -> None:
+    f = paused({"by": "ada", "from": "pending", "reason": "deploy freeze"})
+    assert waiting_reason(f) == "paused by ada while pending: deploy freeze"
+    f = paused({"by": None, "reason": "deploy freeze"})
+    assert waiting_reason(f) == "paused by an operator: deploy freeze"
+    assert waiting_reason(paused({"by": "ada", "reason": "  "})) == "paused by ada"
+
+
+PARKED = {"owner": "w1", "epoch": 3, "reason": "pause requested; parked at a step boundary"}
+
+
+@pytest.mark.parametrize(("requested", "said"), [
+    ({"by": "bob"}, "paused by bob; parked at a step boundary"),
+    ({"by": "bob", "reason": "freeze"}, "paused by bob: freeze; parked at a step boundary"),
+    ({"by": None}, "paused by an operator; parked at a step boundary"),
+    (None, "paused by an operator; parked at a step boundary"),
+])
+def test_parked_at_a_step_boundary_after_a_pause_request(
+    requested: dict[str, Any] | None, said: str
+) -> None:
+    f = paused(PARKED, pause_requested=requested, paused_from="pending")
+    assert waiting_reason(f) == said
 
 
 def test_parked_on_its_way_into_a_wait() -> None:
     # the newest blocked event is an older wait's: the one it parked at is in this event
     f = paused({"owner": "w1", "epoch": 3, "reason": parked_reason(sleep_reason())},
+               pause_requested={"by": "ada", "reason": "freeze"},
                paused_from="blocked", wake_at=LATER, blocked={"reason": children_reason("x")})
     assert waiting_reason(f) == (
-        "paused by an operator: pause requested; parked at its wait (sleep); once unpaused, "
-        "asleep until 2030-01-01T12:05:00Z")
+        "paused by ada: freeze; parked at its wait (sleep); once unpaused, asleep until "
+        "2030-01-01T12:05:00Z")
 
 
 def test_submitted_paused() -> None:

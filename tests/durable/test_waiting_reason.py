@@ -137,3 +137,45 @@ async def test_a_page_of_reasons_takes_the_same_reads_for_one_item_or_many(
     many = await service.waiting_reasons(made)
     assert counting.calls == calls_for_one == ["worker_list", "db_now", "execution_waits"]
     assert len(one) == 1 and len(many) == 30
+
+
+async def test_who_paused_and_why_are_recorded_and_said(
+    store: Store, client: httpx.AsyncClient
+) -> None:
+    e = await submit(store, "test:echo/run.fn", 1)
+    url = f"/v1/executions/{e.id}/pause"
+    bad: list[tuple[Any, str]] = [
+        ({"reason": "   "}, "invalid_reason"),
+        ({"reason": "a\x00b"}, "invalid_reason"),
+        ({"reason": ""}, "invalid_input"),
+        ({"reason": "x" * 2001}, "invalid_input"),
+        ({"by": ""}, "invalid_input"),
+        ({"by": " "}, "invalid_input"),
+        ({"by": "x" * 201}, "invalid_input"),
+        ({"why": "typo"}, "invalid_input"),
+        ({"reason": 7}, "invalid_input"),
+        (b"{nope", "malformed_json"),
+    ]
+    for body, code in bad:
+        kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
+        response = await client.put(url, **kw)
+        assert response.status_code == 422, (body, response.text)
+        assert response.json()["error"]["code"] == code, (body, response.text)
+    still = await store.execution_get(e.id)
+    assert still is not None and still.status == Status.PENDING
+    assert [ev.kind for ev in await store.history_list(e.id)] == ["pending"]
+
+    response = await client.put(url, json={"by": "ada", "reason": "deploy freeze"})
+    assert response.status_code == 200, response.text
+    assert response.json()["waiting_reason"] is None  # the answer of a change: GET says why
+    got = (await client.get(f"/v1/executions/{e.id}")).json()
+    nobody = f"; no live worker for deployment {DEPLOYMENT}"  # none runs here
+    assert (got["status"], got["waiting_reason"]) == (
+        "paused", f"paused by ada while pending: deploy freeze{nobody}")
+    (event,) = [ev for ev in await store.history_list(e.id) if ev.kind == "paused"]
+    assert event.data == {"by": "ada", "from": "pending", "reason": "deploy freeze"}
+    # no body at all, as before: paused by an operator
+    other = await submit(store, "test:echo/run.fn", 2)
+    assert (await client.put(f"/v1/executions/{other.id}/pause")).status_code == 200
+    got = (await client.get(f"/v1/executions/{other.id}")).json()
+    assert got["waiting_reason"] == f"paused by an operator while pending{nobody}"

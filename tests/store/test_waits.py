@@ -62,3 +62,22 @@ async def test_the_newest_wait_events_and_unfinished_children_by_join_set(
     every = await store.execution_waits([parent.id], shown_children=5)
     assert every[parent.id].children["js0"] == (2, [k.id for k in kids["js0"][1:]])
 
+
+
+async def test_who_paused_and_why_are_in_the_pause_events(store: Store) -> None:
+    """``execution_pause(actor=, reason=)``: a pending one's ``paused`` event, a running
+    one's ``pause_requested`` event; without a reason, none is recorded."""
+    pending = await submit_unique(store)
+    assert (await store.execution_pause(pending.id, actor="ada", reason="deploy freeze")
+            ).changed
+    running = await submit_unique(store)
+    await claim_exactly(store, running.id)
+    assert (await store.execution_pause(running.id, actor="bob", reason="look first")).changed
+    plain = await submit_unique(store)
+    assert (await store.execution_pause(plain.id, actor="cy")).changed
+    got = await store.execution_waits([pending.id, running.id, plain.id])
+    assert got[pending.id].events["paused"] == {
+        "by": "ada", "from": "pending", "reason": "deploy freeze"}
+    assert got[running.id].events["pause_requested"] == {"by": "bob", "reason": "look first"}
+    assert "paused" not in got[running.id].events
+    assert got[plain.id].events["paused"] == {"by": "cy", "from": "pending"}

@@ -38,6 +38,8 @@ from veracity.api.schemas import (
     HistoryPage,
     MessageOut,
     MessageRequest,
+    PauseRequest,
+    QueryBool,
     ResolveRequest,
     SubmitRequest,
     Time,
@@ -88,6 +90,14 @@ async def _service(request: Request) -> ExecutionService:
 
 
 Service = Annotated[ExecutionService, Depends(_service)]
+
+
+def _token_name(request: Request) -> str | None:
+    """The name of the API token the request was made with (api/auth.py), if any: who an
+    operator's request is recorded as made by, unless its body names someone."""
+    record = getattr(request.state, "api_token", None)  # set by TokenAuth
+    name = getattr(record, "name", None)
+    return name if isinstance(name, str) else None
 
 
 def _statuses(values: list[str] | None) -> tuple[Status, ...]:
@@ -284,7 +294,9 @@ def create_api(
             description="Only those created at or after this time")] = None,
         created_before: Annotated[Time | None, Query(
             description="Only those created before this time")] = None,
-        flagged: bool | None = None,
+        flagged: Annotated[QueryBool | None, Query(
+            description="Only those flagged for an operator (true), or only the others "
+                        "(false)")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         cursor: Annotated[str | None, Query(max_length=512)] = None,
     ) -> ExecutionPage:
@@ -323,40 +335,48 @@ def create_api(
 
     @app.put("/v1/executions/{execution_id}/cancel", response_model=ExecutionOut,
              )
-    async def cancel(execution_id: ExecutionId, service: Service) -> ExecutionOut:
+    async def cancel(execution_id: ExecutionId, service: Service,
+                     request: Request) -> ExecutionOut:
         """Cancel an execution whose workflow name ends in -cancellable, and recursively its
         cancellable children. A running one stops at its next await; a run delegated to an
         external engine is asked to stop there and ends cancelled once the engine confirms
         it finished (until then it stays running with cancel_requested_at). Cancelling a
         terminal execution, or twice, answers 200 and changes nothing; any other name
         answers 409."""
-        execution, _ = await service.cancel(execution_id)
+        execution, _ = await service.cancel(execution_id, actor=_token_name(request))
         return ExecutionOut.of(execution)
 
     @app.put("/v1/executions/{execution_id}/retry", status_code=201,
              response_model=ExecutionOut, )
-    async def retry(execution_id: ExecutionId, service: Service) -> ExecutionOut:
+    async def retry(execution_id: ExecutionId, service: Service,
+                    request: Request) -> ExecutionOut:
         """Retry a failed or failed_transient execution: 201 and a new execution linked to
         it (retry_of), which replays the failed run's recorded calls up to its failure and
         runs on from there. The failed one is left unchanged. Any other status: 409
         wrong_state."""
-        return ExecutionOut.of(await service.retry(execution_id))
+        return ExecutionOut.of(await service.retry(execution_id, actor=_token_name(request)))
 
     @app.put("/v1/executions/{execution_id}/pause", response_model=ExecutionOut,
              )
-    async def pause(execution_id: ExecutionId, service: Service) -> ExecutionOut:
+    async def pause(execution_id: ExecutionId, service: Service, request: Request,
+                    body: PauseRequest | None = None) -> ExecutionOut:
         """Hold any non-terminal execution: pending and blocked ones at once, a running one at
-        its next step boundary (it releases its lease). 409 wrong_state for a terminal one;
-        409 not_pausable for a run delegated to an external engine (it cannot pause it:
-        cancel or resolve it instead)."""
-        execution, _ = await service.pause(execution_id)
+        its next step boundary (it releases its lease). An optional body says who pauses it
+        and why (recorded in its history, said by its waiting_reason). 409 wrong_state for
+        a terminal one; 409 not_pausable for a run delegated to an external engine (it
+        cannot pause it: cancel or resolve it instead)."""
+        asked = body or PauseRequest()
+        execution, _ = await service.pause(execution_id,
+                                           actor=asked.by or _token_name(request),
+                                           reason=asked.reason)
         return ExecutionOut.of(execution)
 
     @app.put("/v1/executions/{execution_id}/unpause", response_model=ExecutionOut,
              )
-    async def unpause(execution_id: ExecutionId, service: Service) -> ExecutionOut:
+    async def unpause(execution_id: ExecutionId, service: Service,
+                      request: Request) -> ExecutionOut:
         """Back to pending (or blocked, if it still waits for something). 409 if not paused."""
-        execution, _ = await service.unpause(execution_id)
+        execution, _ = await service.unpause(execution_id, actor=_token_name(request))
         return ExecutionOut.of(execution)
 
     @app.post("/v1/executions/{execution_id}/messages", status_code=201,
@@ -486,7 +506,9 @@ def create_api(
     def openapi() -> dict[str, Any]:
         if getattr(app.state, "openapi_finished", False) and app.openapi_schema is not None:
             return app.openapi_schema
-        app.openapi_schema = finish_document(secured())
+        service: ExecutionService | None = getattr(app.state, "service", None)
+        app.openapi_schema = finish_document(
+            secured(), service.workflows if service is not None else ())
         app.state.openapi_finished = True
         return app.openapi_schema
 

@@ -246,7 +246,7 @@ class TokenAuth:
             return error_response(503, "database_unavailable",
                                   "cannot check the API token: the database did not answer",
                                   headers={"Retry-After": "1"})
-        # the dashboard names whoever acted in the history events it records
+        # the dashboard and the API name whoever acted in the history events they record
         scope.setdefault("state", {})["api_token"] = record
         return None
 

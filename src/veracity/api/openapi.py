@@ -12,7 +12,7 @@ cannot be invalid, say), so that each route lists only what it can answer.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from pydantic.json_schema import models_json_schema
@@ -50,6 +50,9 @@ ROUTE_SUMMARIES: Mapping[tuple[str, str], str] = {
 
 _ID = {400: ("invalid_id",), 404: ("not_found",)}
 
+MAX_EXAMPLES = 20
+"""Workflow names given as examples of a submission's ffqn."""
+
 ROUTE_ERRORS: Mapping[tuple[str, str], Mapping[int, tuple[str, ...]]] = {
     ("GET", "/healthz"): {},
     ("GET", "/metrics"): {},
@@ -67,7 +70,9 @@ ROUTE_ERRORS: Mapping[tuple[str, str], Mapping[int, tuple[str, ...]]] = {
         400: ("invalid_id", "invalid_cursor"), 404: ("not_found",), 422: ("invalid_input",)},
     ("PUT", f"{EXECUTION}/cancel"): {**_ID, 409: ("not_cancellable",)},
     ("PUT", f"{EXECUTION}/retry"): {**_ID, 409: ("wrong_state",)},
-    ("PUT", f"{EXECUTION}/pause"): {**_ID, 409: ("wrong_state", "not_pausable")},
+    ("PUT", f"{EXECUTION}/pause"): {
+        **_ID, **BODY, 409: ("wrong_state", "not_pausable"),
+        422: ("malformed_json", "invalid_input", "invalid_reason")},
     ("PUT", f"{EXECUTION}/unpause"): {**_ID, 409: ("wrong_state",)},
     ("POST", f"{EXECUTION}/messages"): {
         **_ID, **BODY, 409: ("wrong_state",),
@@ -119,8 +124,30 @@ def _describe(status: int, codes: tuple[str, ...]) -> str:
     }.get(status, "")
 
 
-def finish_document(schema: dict[str, Any]) -> dict[str, Any]:
-    """Each operation gets its summary and exactly its listed errors (README, errors)."""
+def _links(schema: dict[str, Any]) -> None:
+    """A submission's answer links to every operation on that execution (its id), so that
+    clients and API fuzzers can follow it."""
+    targets = {}
+    for path, operations in schema.get("paths", {}).items():
+        if path.startswith(EXECUTION):
+            for operation in operations.values():
+                targets[operation["operationId"].split("_v1_")[0]] = {
+                    "operationId": operation["operationId"],
+                    "parameters": {"execution_id": "$response.body#/id"}}
+    submit = schema["paths"]["/v1/executions"]["post"]["responses"]
+    for status in ("200", "201"):
+        submit[status]["links"] = dict(sorted(targets.items()))
+
+
+def finish_document(schema: dict[str, Any], workflows: Collection[str] = ()
+                    ) -> dict[str, Any]:
+    """Each operation gets its summary and exactly its listed errors (README, errors); the
+    workflows the server runs are examples of a submission's ``ffqn``; a submission links
+    to the operations on the execution it made."""
+    if workflows:
+        submit = schema["components"]["schemas"]["SubmitRequest"]["properties"]["ffqn"]
+        submit["examples"] = sorted(workflows)[:MAX_EXAMPLES]
+    _links(schema)
     _, defs = models_json_schema([(ErrorOut, "serialization")],
                                  ref_template="#/components/schemas/{model}")
     schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])

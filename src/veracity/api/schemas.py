@@ -44,6 +44,18 @@ Time = Annotated[
     WithJsonSchema({"type": "string", "format": "date-time", "description": TIME_FORMAT})]
 """A time the API takes: RFC 3339 with its offset (``format: date-time``)."""
 
+def _bool_text(value: Any) -> Any:
+    """A boolean in a query is ``true`` or ``false``, as the document says; not ``1``,
+    ``yes`` or ``on``."""
+    if value not in ("true", "false"):
+        raise ValueError("must be true or false")
+    return value == "true"
+
+
+QueryBool = Annotated[bool, BeforeValidator(_bool_text),
+                      WithJsonSchema({"type": "boolean"})]
+"""A boolean query parameter: ``true`` or ``false``."""
+
 Uuid = Annotated[str, WithJsonSchema({"type": "string", "format": "uuid"})]
 """An id the API answers with: a UUID."""
 
@@ -68,7 +80,7 @@ class SubmitRequest(BaseModel):
         default=None, description="Not claimable before this time (default: now); from 1970 "
         "to 9999 (422 invalid_time otherwise)"
     )
-    paused: bool = Field(default=False, description="Submit on hold (status paused)")
+    paused: StrictBool = Field(default=False, description="Submit on hold (status paused)")
 
 
 class BatchRequest(BaseModel):
@@ -128,6 +140,20 @@ class ResolveRequest(BaseModel):
         default=False,
         description="fail/cancel only: end it even if the engine cannot confirm the run "
                     "finished (recorded as forced, kept on the flagged list)")
+
+
+class PauseRequest(BaseModel):
+    """Who pauses an execution, and why: recorded in its history, said by its
+    ``waiting_reason`` (docs/states.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    by: str | None = Field(default=None, min_length=1, max_length=200,
+                           description="Who pauses it (default: not named)",
+                           json_schema_extra={"pattern": r"\S"})
+    reason: str | None = Field(default=None, min_length=1, max_length=2000,
+                               description="Why; not only spaces (422 invalid_reason)",
+                               json_schema_extra={"pattern": r"\S"})
 
 
 class MessageOut(BaseModel):

@@ -742,19 +742,23 @@ def _control(name: str, help_text: str) -> None:
 
         # a cancel may have to ask a delegated run's engine to stop it
         execution, changed = run(with_runtime(settings, go, engines=name == "cancel"))
-        if as_json:
-            print_json({**execution_json(execution), "changed": changed})
-            return
-        note = "" if changed else " (nothing to change)"
-        if execution.status == Status.RUNNING and name == "cancel" \
-                and execution.cancel_requested_at is not None:
-            note = ("; cancel requested: its engine was asked to stop the run, and it ends "
-                    "cancelled once the engine confirms" if execution.engine
-                    else "; cancel requested: it stops at its next step")
-        elif execution.status == Status.RUNNING and name == "pause" \
-                and execution.pause_requested_at is not None:
-            note = "; pause requested: it parks at its next step"
-        click.echo(f"{name}: {execution.id} is {execution.status}{note}")
+        _report(name, execution, changed, as_json)
+
+
+def _report(name: str, execution: Execution, changed: bool, as_json: bool) -> None:
+    if as_json:
+        print_json({**execution_json(execution), "changed": changed})
+        return
+    note = "" if changed else " (nothing to change)"
+    if execution.status == Status.RUNNING and name == "cancel" \
+            and execution.cancel_requested_at is not None:
+        note = ("; cancel requested: its engine was asked to stop the run, and it ends "
+                "cancelled once the engine confirms" if execution.engine
+                else "; cancel requested: it stops at its next step")
+    elif execution.status == Status.RUNNING and name == "pause" \
+            and execution.pause_requested_at is not None:
+        note = "; pause requested: it parks at its next step"
+    click.echo(f"{name}: {execution.id} is {execution.status}{note}")
 
 
 @cli.command()
@@ -775,7 +779,24 @@ def retry(config_path: str | None, database_url: str | None, app: str | None,
 
 
 _control("cancel", "Cancel a -cancellable execution (and its cancellable children).")
-_control("pause", "Hold an execution: it is not run until unpaused.")
+
+
+@cli.command(name="pause")
+@common_options
+@json_option
+@click.argument("execution_id")
+@click.option("--reason", default=None, help="Why (recorded in its history).")
+@click.option("--by", "by", default="cli", show_default=True, help="Who pauses it.")
+def pause(config_path: str | None, database_url: str | None, app: str | None,
+          as_json: bool, execution_id: str, reason: str | None, by: str) -> None:
+    """Hold an execution: it is not run until unpaused (a running one parks at its next
+    step); who and why are recorded and said by its waiting reason."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    execution, changed = run(with_runtime(
+        settings, lambda rt: rt.service.pause(execution_id, actor=by, reason=reason)))
+    _report("pause", execution, changed, as_json)
+
+
 _control("unpause", "Release a paused execution.")
 
 

@@ -287,7 +287,7 @@ def _delegated(f: Facts) -> str:
         parts.append(f"stop requested at {fmt_time(at)}: waiting for the engine to "
                      "confirm it")
     if f.flag_reason:
-        parts.append(f"flagged for an operator: {f.flag_reason}")
+        parts.append(f"flagged: {f.flag_reason}")
     return "; ".join(parts)
 
 
@@ -326,23 +326,37 @@ def _by(data: Mapping[str, Any] | None) -> str | None:
     return who if isinstance(who, str) and who.strip() else None
 
 
+def _why(data: Mapping[str, Any] | None) -> str | None:
+    why = data.get("reason") if data is not None else None
+    return why if isinstance(why, str) and why.strip() else None
+
+
+_REQUESTED = "pause requested; "
+
+
 def _paused(f: Facts) -> str:
     data = f.paused or {}
-    why = data.get("reason")
+    # a running execution that parked itself after a pause was requested: who asked for
+    # the pause, and why, are in its pause_requested event then
+    parked = _why(data) if "owner" in data else None
     start, end = _PARKED_AT_WAIT
-    if isinstance(why, str) and why.startswith(start) and why.endswith(end):
+    if parked is not None and parked.startswith(start) and parked.endswith(end):
         # it parked on its way into a wait: that wait is in this event, not a blocked one
-        f = replace(f, blocked={"reason": why[len(start):-len(end)]})
+        f = replace(f, blocked={"reason": parked[len(start):-len(end)]})
     if "ffqn" in data:  # the submission's own event: submitted paused
         text = "submitted paused"
+    elif parked is not None:
+        asked = f.pause_requested
+        text = f"paused by {_by(asked) or 'an operator'}"
+        if (why := _why(asked)) is not None:
+            text += f": {why}"
+        text += f"; {parked.removeprefix(_REQUESTED)}"
     else:
-        who = _by(data) or _by(f.pause_requested) or "an operator"
-        if isinstance(why, str) and why:
-            text = f"paused by {who}: {why}"
-        elif isinstance(data.get("from"), str):
-            text = f"paused by {who} while {data['from']}"
-        else:
-            text = f"paused by {who}"
+        text = f"paused by {_by(data) or 'an operator'}"
+        if isinstance(data.get("from"), str):
+            text += f" while {data['from']}"
+        if (why := _why(data)) is not None:
+            text += f": {why}"
     if f.paused_from == str(Status.BLOCKED):
         text += f"; once unpaused, {_wait(f)}"
     return text

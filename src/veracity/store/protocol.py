@@ -380,7 +380,9 @@ class ControlStore(TokenStore, RetryWrites, DelegatedWrites, ReadStore, Protocol
 
     async def execution_pause(
         self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
-    ) -> ControlResult: ...
+    ) -> ControlResult:
+        """Hold it (docs/workflows.md); ``actor`` and ``reason`` go into its ``paused`` or
+        ``pause_requested`` event (``by``, and ``reason`` when given)."""
 
     async def execution_unpause(
         self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
