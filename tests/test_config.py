@@ -486,3 +486,14 @@ def test_describe_lists_every_variable_with_its_default() -> None:
         for part in key.split("."):
             assert hasattr(node, part), key
             node = getattr(node, part)
+
+
+def test_worker_metrics_port_out_of_range_or_not_a_number(tmp_path: Path) -> None:
+    assert config_error(env={"VERACITY_WORKER_METRICS_PORT": "0"}) == (
+        "VERACITY_WORKER_METRICS_PORT: Input should be greater than or equal to 1")
+    assert config_error(env={"VERACITY_WORKER_METRICS_PORT": "65536"}) == (
+        "VERACITY_WORKER_METRICS_PORT: Input should be less than or equal to 65535")
+    assert config_error(env={"VERACITY_WORKER_METRICS_PORT": "http"}).startswith(
+        "VERACITY_WORKER_METRICS_PORT: Input should be a valid integer")
+    path = write(tmp_path / "conf.toml", '[worker]\nmetrics_host = ""\n')
+    assert config_error(path, env={}).startswith(f"{path}:2: worker.metrics_host: ")

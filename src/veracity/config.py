@@ -70,6 +70,8 @@ ENV_VARS: dict[str, str] = {
     "worker.poll_interval": "VERACITY_POLL_INTERVAL",
     "worker.shutdown_grace": "VERACITY_SHUTDOWN_GRACE",
     "worker.notifications": "VERACITY_WORKER_NOTIFICATIONS",
+    "worker.metrics_port": "VERACITY_WORKER_METRICS_PORT",
+    "worker.metrics_host": "VERACITY_WORKER_METRICS_HOST",
     "server.read_timeout": "VERACITY_READ_TIMEOUT",
     "server.max_connections": "VERACITY_MAX_CONNECTIONS",
     "recovery.interval": "VERACITY_RECOVERY_INTERVAL",
@@ -174,6 +176,9 @@ class WorkerSettings(_Model):
     shutdown_grace: Duration = Field(default=10.0, ge=0)
     # LISTEN/NOTIFY wake-ups (PostgreSQL); workers always poll too.
     notifications: bool = True
+    # `veracity worker` serves its Prometheus metrics here when set (docs/operations.md)
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
 
     @field_validator("heartbeat_interval")
     @classmethod

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from veracity._ids import new_execution_id, parse_execution_id
 from veracity.adapters.looks import Look, Looker
 from veracity.core.cron import CronEntry
-from veracity.core.deployments import Coverage, LiveWorker
+from veracity.core.deployments import Coverage, LiveWorker, is_live
 from veracity.core.ffqn import (
     CANCELLABLE_SUFFIX,
     InvalidFfqn,
@@ -29,7 +29,7 @@ from veracity.core.ffqn import (
     validate_ffqn,
     validate_ffqn_prefix,
 )
-from veracity.core.reconcile import FlagKind
+from veracity.core.reconcile import FlagKind, WriteKind
 from veracity.core.requests import CallbackOutcome, CallbackReport, ResolveAction
 from veracity.core.states import Status
 from veracity.core.tokens import (
@@ -45,6 +45,7 @@ from veracity.core.tokens import (
     parse_scopes,
     state,
 )
+from veracity.core.waiting import SHOWN_CHILDREN, Children, Facts, Holder, waiting_reason
 from veracity.errors import (
     BadRequest,
     Conflict,
@@ -67,9 +68,11 @@ from veracity.models import (
     Message,
     NewApiToken,
     NewExecution,
+    WaitRecord,
     WorkerRecord,
 )
 from veracity.store.protocol import ControlStore
+from veracity.telemetry import Telemetry
 from veracity.worker.journal import retry_replay
 
 log = logging.getLogger("veracity.control")
@@ -80,6 +83,9 @@ MAX_IDEMPOTENCY_KEY = 256
 MAX_JSON_DEPTH = 128
 MAX_TOPIC_LENGTH = 256
 MAX_DEPLOYMENT_ID = 128
+MAX_WORKERS_READ = 1000
+"""Workers read for waiting reasons (the newest ones; a lease holder older than these is
+told as not registered)."""
 # PostgreSQL's timestamptz ends at 294276 AD; keep far from both ends of every backend
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
@@ -90,7 +96,7 @@ class Page:
     items: list[Execution]
     next_cursor: str | None
     waiting: dict[uuid.UUID, str] = field(default_factory=dict)
-    """For unfinished executions that no live worker will run: why they wait."""
+    """For each unfinished execution: why it is not finished yet (core.waiting)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,11 +252,19 @@ class ExecutionService:
         looker: Looker | None = None,
         metrics: ServiceMetrics | None = None,
         crons: Sequence[CronEntry] = (),
+        recovery_interval: timedelta = timedelta(seconds=30),
+        max_attempts: int = 5,
     ) -> None:
+        self.recovery_interval = recovery_interval
+        """How often lease recovery runs (``recovery.interval``): for waiting reasons."""
+        self.max_attempts = max_attempts
+        """Lease recovery's ``recovery.max_attempts``: for waiting reasons."""
         self.looker = looker
         """Takes looks at delegated runs (resolve, cancel); None: no engine is configured
         here, and a delegated run's engine cannot be asked."""
         self.metrics = metrics
+        self.telemetry: Telemetry | None = None
+        """Where this process counts what it does (docs/operations.md, Metrics)."""
         self.store = store
         self.workflows = workflows
         self.deployment_id = deployment_id
@@ -324,6 +338,8 @@ class ExecutionService:
         )
         if submitted.created and self.on_submitted is not None:
             self.on_submitted()
+        if self.telemetry is not None:
+            self.telemetry.submitted(ffqn, created=submitted.created)
         if not submitted.created and submitted.request_digest != digest:
             raise Conflict(
                 f"idempotency key {idempotency_key!r} was used for a different request "
@@ -356,8 +372,12 @@ class ExecutionService:
     async def workers(self, *, limit: int = 1000) -> list[WorkerView]:
         records = await self.store.worker_list(limit=limit)
         now = await self.store.db_now()
-        return [WorkerView(r, r.stopped_at is None and now - r.last_heartbeat <= self.live_within)
-                for r in records]
+        return [WorkerView(r, self._live(r, now)) for r in records]
+
+    def _live(self, r: WorkerRecord, now: datetime) -> bool:
+        return is_live(stopped_at=r.stopped_at, last_heartbeat=r.last_heartbeat,
+                       heartbeat_interval=r.heartbeat_interval, now=now,
+                       live_within=self.live_within)
 
     async def crons(self) -> list[CronView]:
         """Each configured cron entry with its last slot, the execution that slot started
@@ -370,22 +390,52 @@ class ExecutionService:
                 for e in self.cron_entries]
 
     async def waiting_reasons(self, items: Sequence[Execution]) -> dict[uuid.UUID, str]:
-        """Why unfinished executions wait that no live worker will run
-        (:mod:`veracity.core.deployments`): their workflow is registered by no live worker,
-        or their deployment has no live worker (stranded), or its live workers do not run
-        their workflow."""
+        """Why each unfinished execution is not finished yet, in words
+        (:mod:`veracity.core.waiting`): asleep until T, waiting for a message or for
+        children, paused by whom, held by which worker and what recovery will do, scheduled
+        for T; and, when no live worker will run it (:mod:`veracity.core.deployments`), why.
+        Read in a fixed number of statements however many items (no query per item)."""
         unfinished = [e for e in items if not e.status.is_terminal]
         if not unfinished:
             return {}
+        records = await self.store.worker_list(limit=MAX_WORKERS_READ)
+        now = await self.store.db_now()
+        views = [WorkerView(r, self._live(r, now)) for r in records]
+        by_id = {v.record.id: v for v in views}
         coverage = Coverage(
             LiveWorker(v.record.deployment_id, frozenset(v.record.ffqns),
                        frozenset(v.record.upgrade_ffqns))
-            for v in await self.workers() if v.live)
+            for v in views if v.live)
+        waits = await self.store.execution_waits(
+            [e.id for e in unfinished if e.status in (Status.BLOCKED, Status.PAUSED)],
+            shown_children=SHOWN_CHILDREN)
         reasons: dict[uuid.UUID, str] = {}
         for e in unfinished:
-            reason = coverage.waiting_reason(
-                status=e.status, ffqn=e.ffqn, deployment_id=e.deployment_id,
-                delegated=e.status == Status.RUNNING and e.engine is not None)
+            wait = waits.get(e.id, WaitRecord())
+            holder = None
+            if e.lease_owner is not None:
+                view = by_id.get(e.lease_owner)
+                holder = Holder(e.lease_owner, view.record.last_heartbeat if view else None,
+                                view.live if view else False)
+            reason = waiting_reason(Facts(
+                status=e.status, now=now, scheduled_at=e.scheduled_at,
+                deployment_id=e.deployment_id, attempt=e.attempt, wake_at=e.wake_at,
+                lease_owner=e.lease_owner, lease_expires_at=e.lease_expires_at,
+                holder=holder, cancel_requested_at=e.cancel_requested_at,
+                pause_requested_at=e.pause_requested_at, paused_from=e.paused_from,
+                engine=e.engine, external_execution_id=e.external_execution_id,
+                triggered_at=e.triggered_at, flag_reason=e.flag_reason,
+                end_requested_at=e.end_requested_at,
+                blocked=_mapping(wait.events.get("blocked")),
+                paused=_mapping(wait.events.get("paused")),
+                pause_requested=_mapping(wait.events.get("pause_requested")),
+                children={js: Children(n, tuple(first))
+                          for js, (n, first) in wait.children.items()},
+                coverage=coverage.waiting_reason(
+                    status=e.status, ffqn=e.ffqn, deployment_id=e.deployment_id,
+                    delegated=e.status == Status.RUNNING and e.engine is not None),
+                recovery_interval=self.recovery_interval, max_attempts=self.max_attempts,
+            ))
             if reason is not None:
                 reasons[e.id] = reason
         return reasons
@@ -478,6 +528,8 @@ class ExecutionService:
             )
         result = await self.store.execution_cancel(execution.id, actor=actor)
         cancelled = self._found(execution.id, result)
+        if result.changed:
+            self._ended(cancelled)
         if result.changed and self.on_interrupt is not None:
             self.on_interrupt(execution.id)
         if (cancelled.status == Status.RUNNING and cancelled.engine is not None
@@ -570,7 +622,11 @@ class ExecutionService:
             raise Unauthorized("the callback token is not this execution's",
                                code="unauthorized")
         assert outcome.execution is not None
+        if outcome.outcome is CallbackOutcome.APPLIED:
+            self._ended(outcome.execution)
         if outcome.outcome is CallbackOutcome.CONFLICT:
+            if self.telemetry is not None:
+                self.telemetry.late("callback")
             raise Conflict(
                 f"execution is already {outcome.execution.status}; the report is kept in "
                 "its history", code="already_ended", state=str(outcome.execution.status))
@@ -620,6 +676,7 @@ class ExecutionService:
             result = await self.store.execution_resolve(
                 ident, action=act, external_id=None, reason=reason, actor=actor,
                 expected_external_id=None, unconfirmed=why)
+            self._ended(result.execution if result.changed else None)
             return self._resolved(action, Resolved(
                 self._found(ident, result), result.changed, "unconfirmed",
                 f"ended without the engine's confirmation: {why}"))
@@ -639,6 +696,9 @@ class ExecutionService:
             result = await self.store.execution_resolve(
                 ident, action=act, external_id=None, reason=reason, actor=actor,
                 expected_external_id=current.external_execution_id, unconfirmed=why)
+            self._ended(result.execution if result.changed else None)
+            if result.changed and self.telemetry is not None:
+                self.telemetry.flagged("operator", "forced")
             return self._resolved(action, Resolved(
                 self._found(ident, result), True, "forced",
                 f"forced: ended without the engine's confirmation ({why})"))
@@ -662,7 +722,17 @@ class ExecutionService:
             applied = await self.store.execution_reconcile_apply([look.action])
             if not applied:
                 look.action = None
+            elif self.telemetry is not None:
+                if look.action.kind is WriteKind.TERMINATE:
+                    self._ended(await self.store.execution_get(execution.id))
+                elif look.action.kind is WriteKind.FLAG and look.action.flag is not None:
+                    self.telemetry.flagged("operator", str(look.action.flag))
         return look
+
+    def _ended(self, execution: Execution | None) -> None:
+        """Count a transition this process wrote, if it ended the execution."""
+        if self.telemetry is not None:
+            self.telemetry.end(execution)
 
     def _resolved(self, action: str, resolved: Resolved) -> Resolved:
         self._count_resolution(action, resolved.outcome)
@@ -783,3 +853,7 @@ class TokenService:
                 log.warning("could not record the use of API token %r: %s", record.name,
                             exc, extra={"domain": "api"})
         return record
+
+
+def _mapping(value: JSON) -> dict[str, JSON] | None:
+    return value if isinstance(value, dict) else None

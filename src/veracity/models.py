@@ -60,6 +60,8 @@ class Execution:
     end_requested_at: datetime | None = None
     retry_of: uuid.UUID | None = None
     """For an execution made by an operator's retry: the failed execution it retries."""
+    started_at: datetime | None = None
+    """When a worker first claimed it (kept across later claims); None if it never ran."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,21 @@ class LeaseSettings:
     ttl: timedelta = field(default=timedelta(seconds=120))
 
 
+WAIT_EVENT_KINDS = ("blocked", "paused", "pause_requested")
+"""The history events that say what an unfinished execution waits for, and who paused it."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitRecord:
+    """What the history and the children of one execution say about its wait (for its
+    ``waiting_reason``: :mod:`veracity.core.waiting`)."""
+
+    events: dict[str, JSON] = field(default_factory=dict)
+    """The data of its newest event of each kind in :data:`WAIT_EVENT_KINDS` it has."""
+    children: dict[str | None, tuple[int, list[uuid.UUID]]] = field(default_factory=dict)
+    """Its unfinished children by join set: how many, and the oldest few of them."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """What a worker says about itself when it registers."""
@@ -157,6 +174,9 @@ class WorkerInfo:
     upgrade_ffqns: list[str] = field(default_factory=list)
     """The workflows of ``ffqns`` it claims from every deployment (registered with
     ``upgrade="auto"``); the others only from its own deployment."""
+    heartbeat_interval: float | None = None
+    """Seconds between its heartbeats: it is not live once a beat is late by more than
+    two intervals (:func:`veracity.core.deployments.is_live`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +191,8 @@ class WorkerRecord:
     last_heartbeat: datetime
     stopped_at: datetime | None
     upgrade_ffqns: list[str] = field(default_factory=list)
+    heartbeat_interval: float | None = None
+    """Seconds between its heartbeats; None for a worker that did not record it."""
 
 
 @dataclass(frozen=True, slots=True)

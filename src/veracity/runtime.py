@@ -95,10 +95,13 @@ async def open_runtime(settings: Settings, *, migrate: bool = False,
             workflows=workflows_of(app, external),
             deployment_id=deployment_id,
             max_payload_bytes=settings.max_payload_bytes,
-            # a worker that has not renewed for a whole lease TTL is taken for dead
+            # a worker is live for at most one lease TTL after its last heartbeat (sooner
+            # not live when it records its heartbeat interval: core.deployments.is_live)
             live_within=timedelta(seconds=settings.worker.lease_ttl),
             looker=build_looker(settings, external, adapters),
             crons=crons,
+            recovery_interval=timedelta(seconds=settings.recovery.interval),
+            max_attempts=settings.recovery.max_attempts,
         )
     except BaseException:
         await close_engines(adapters)

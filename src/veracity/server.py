@@ -36,6 +36,7 @@ from veracity.maintenance.deployments import DeploymentBeacon
 from veracity.maintenance.reconciler import ReconcilerMetrics, ReconcilerService
 from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
 from veracity.runtime import Runtime, build_looker, open_runtime, redact_url
+from veracity.telemetry import Telemetry
 from veracity.worker.runner import Worker
 
 log = logging.getLogger("veracity.server")
@@ -94,6 +95,7 @@ def wants_worker(settings: Settings, with_worker: bool | None) -> bool:
 
 def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> FastAPI:
     registry = CollectorRegistry()
+    telemetry = Telemetry(registry)
 
     @asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
@@ -101,6 +103,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
         bindings = resolve_http(settings)
         runtime: Runtime = await open_runtime(settings, migrate=True, engines=True)
         runtime.service.metrics = ServiceMetrics(registry)
+        runtime.service.telemetry = telemetry
         api.state.service = runtime.service
         api.state.runtime = runtime
         stop = asyncio.Event()
@@ -108,6 +111,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             runtime.store,
             max_attempts=settings.recovery.max_attempts,
             metrics=RecoveryMetrics(registry),
+            telemetry=telemetry,
         )
         engines = runtime.engines
         # the server's deployment is recorded before it serves (a failure stops the start),
@@ -120,6 +124,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             concurrency=settings.reconciler.concurrency,
             metrics=ReconcilerMetrics(registry),
             looker=build_looker(settings, runtime.external, engines),
+            telemetry=telemetry,
         )
         # every server runs cron: each slot's unique key makes it start once (docs/cron.md)
         cron = CronService(runtime.store, runtime.crons, deployment_id=runtime.deployment_id,
@@ -139,7 +144,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
         if wants_worker(settings, with_worker) and runnable:
             worker = Worker(runtime.store, runtime.app or App(), settings=settings.worker,
                             deployment_id=runtime.deployment_id, external=runtime.external,
-                            engines=engines, http=bindings)
+                            engines=engines, http=bindings, telemetry=telemetry)
             runtime.service.on_submitted = worker.wake
             runtime.service.on_interrupt = worker.interrupted
             cron.on_started = worker.wake
@@ -169,7 +174,8 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             log.info("stopped", extra={"domain": "server"})
 
     return create_api(max_payload_bytes=settings.max_payload_bytes, lifespan=lifespan,
-                      registry=registry, auth_required=settings.auth_required)
+                      registry=registry, auth_required=settings.auth_required,
+                      telemetry=telemetry)
 
 
 async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:

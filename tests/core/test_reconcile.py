@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from veracity.config import Settings
 from veracity.core.reconcile import (
+    DEFAULT_STOP_FLAG_AFTER,
     N8N_ACTIVE_STATUSES,
     N8N_TERMINAL_STATUSES,
     SELF_CLEARING_FLAGS,
@@ -205,6 +207,47 @@ def test_decision_is_frozen() -> None:
     decision = decide(obs(engine=R, cause="limit"))
     with pytest.raises(AttributeError):
         decision.action = Action.NOTHING  # type: ignore[misc]
+
+
+def test_an_observation_is_a_value() -> None:
+    """A look's observation is decided from as it is; a second look is a new observation
+    (``dataclasses.replace``), never the first one changed."""
+    o = obs(engine=R, cause="limit")
+    with pytest.raises(AttributeError):
+        o.engine = F  # type: ignore[misc]
+    assert hash(o) == hash(dataclasses.replace(o))
+
+
+def test_an_observation_says_only_what_it_is_told() -> None:
+    """Left out, what the engine said is unknown (not an unknown id), the engine is
+    configured, no stop has been sent, and the trigger has no grace: a missing id is news
+    from the trigger's own time on."""
+    bare = Observation(now=NOW, has_external_id=True)
+    nothing = decide(bare)
+    assert (nothing.action, nothing.flag) == (Action.NOTHING, None)
+    assert nothing.reason == "engine answer unknown: left running, asked again next time"
+    running = Observation(now=NOW, has_external_id=True, engine=R)
+    assert decide(running).reason == "running within its limit"
+    cancelled = Observation(now=NOW, has_external_id=True, engine=R, cancel_requested_at=NOW)
+    assert decide(cancelled).action is Action.STOP_REMOTE  # not already sent
+    no_id = Observation(now=NOW, has_external_id=False, triggered_at=NOW)
+    assert (decide(no_id).action, decide(no_id).flag) == (Action.FLAG, FlagKind.NO_EXTERNAL_ID)
+    ahead = Observation(now=NOW, has_external_id=False, triggered_at=NOW + timedelta(seconds=1))
+    assert decide(ahead).action is Action.NOTHING
+
+
+def test_an_unconfirmed_stop_is_flagged_after_ten_minutes_unless_told_otherwise() -> None:
+    """``stop_flag_after`` left out is the documented default of
+    ``reconciler.stop_flag_after`` (docs/external.md: 10 minutes), the same as the
+    configuration's."""
+    assert DEFAULT_STOP_FLAG_AFTER.total_seconds() == Settings().reconciler.stop_flag_after
+    asked = NOW - timedelta(minutes=10)
+    sent = Observation(now=NOW, has_external_id=True, engine=R, cancel_requested_at=asked,
+                       stop_sent=True)
+    flagged = decide(sent)
+    assert (flagged.action, flagged.flag) == (Action.FLAG, FlagKind.STOP_UNCONFIRMED)
+    sooner = dataclasses.replace(sent, cancel_requested_at=asked + timedelta(seconds=1))
+    assert decide(sooner).action is Action.NOTHING
 
 
 def test_enum_values_are_stable() -> None:

@@ -49,6 +49,15 @@ def test_the_decision_is_pure_and_frozen() -> None:
         decide_recovery(e).status = Status.CANCELLED  # type: ignore[misc]
 
 
+def test_what_recovery_read_is_a_value() -> None:
+    """An ``Expired`` is what the store read: the decision is made from it and nothing may
+    change it in between (the store applies the decision only to the lease it looked at)."""
+    e = Expired("w", 2, 5, False, 0)
+    with pytest.raises(AttributeError):
+        e.cancel_requested = True  # type: ignore[misc]
+    assert e == Expired("w", 2, 5, False, 0) and hash(e) == hash(Expired("w", 2, 5, False, 0))
+
+
 def test_max_attempts_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         decide_recovery(Expired("w", 1, 0, False, 0))

@@ -299,6 +299,17 @@ async def test_recovery_of_an_empty_database(store: Store) -> None:
     assert m.ticks("ran") == 1
 
 
+def test_every_tick_outcome_is_exported_from_the_start() -> None:
+    """``veracity_recovery_ticks_total`` has its three series (docs/workers.md) at 0 before
+    the first tick: an alert on the ``error`` series, or a rate of ``skipped_lock``, has a
+    series to read before the first such tick happens."""
+    registry = CollectorRegistry()
+    RecoveryMetrics(registry)
+    for outcome in ("ran", "skipped_lock", "error"):
+        value = registry.get_sample_value("veracity_recovery_ticks_total", {"outcome": outcome})
+        assert value == 0.0, outcome
+
+
 async def test_service_without_metrics_counts_nothing_and_works(
     store: Store, clock: ManualClock
 ) -> None:

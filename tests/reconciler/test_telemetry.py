@@ -9,7 +9,7 @@ import json
 import logging
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -27,9 +27,12 @@ from tests.reconciler._support import (
     wait_status,
 )
 from veracity._logging import JsonFormatter
+from veracity.adapters.base import Engine
 from veracity.core.states import Status
 from veracity.maintenance._loop import run_forever
+from veracity.telemetry import Telemetry
 from veracity.testing.fake_n8n import FakeN8n, Script
+from veracity.worker.trigger import trigger
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -269,3 +272,65 @@ async def test_server_exposes_reconciler_metrics_and_logs_every_action(
     assert stop_line["external_execution_id"] == breached["external_execution_id"]
     assert stop_line["engine_finished"] is True
     assert Status.COMPLETED not in {r.get("action") for r in lines}
+
+
+async def test_ends_and_flags_are_counted_by_who_wrote_them(rig: Rig) -> None:
+    """The telemetry of docs/operations.md (Metrics): the reconciler's ends by workflow and
+    status, its flags under by="reconciler"; an ambiguous trigger's flag under
+    by="worker", with its log line an action like the reconciler's."""
+    telemetry = Telemetry()
+    finished = await rig.start(Script(outcome="success", callback="lose"), SLOW)
+    forgotten = await rig.start(Script.forever(callback="lose"), SLOW)
+    rig.fake.forget(str(forgotten.run_id))
+    await wait_status(rig, finished.run_id, "success")
+
+    result = await rig.tick(telemetry=telemetry)
+
+    assert {(a.execution_id, a.kind) for a in result.actions} == {
+        (finished.id, "terminate"), (forgotten.id, "flag")}
+    done, flagged = await rig.get(finished.id), await rig.get(forgotten.id)
+    assert done.status.is_terminal and flagged.flag_kind is not None
+    get = telemetry.registry.get_sample_value
+    assert get("veracity_executions_ended_total",
+               {"ffqn": SLOW, "status": str(done.status)}) == 1
+    assert get("veracity_execution_run_seconds_count", {}) == 1
+    assert get("veracity_flags_raised_total",
+               {"by": "reconciler", "kind": flagged.flag_kind}) == 1
+    # a second tick writes nothing new, and counts nothing new
+    await rig.tick(telemetry=telemetry)
+    assert get("veracity_flags_raised_total",
+               {"by": "reconciler", "kind": flagged.flag_kind}) == 1
+
+
+async def test_an_ambiguous_trigger_flag_is_counted_as_the_workers(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    telemetry = Telemetry()
+    execution, claim = await rig.submit_claim(SLOW)
+    rig.fake.script_for_execution(str(execution.id), Script.forever(callback="lose"))
+    engine = cast(Engine, Raising(rig.engine))  # start alone is called
+    assert rig.external.public_url is not None
+    with caplog.at_level(logging.WARNING, logger="veracity.worker"):
+        outcome = await trigger(rig.store, engine, rig.external.workflows[SLOW], execution,
+                                claim, rig.external.public_url, telemetry=telemetry)
+    assert outcome.startswith("ambiguous")
+    assert (await rig.get(execution.id)).flag_kind == "trigger_unknown"
+    assert telemetry.registry.get_sample_value(
+        "veracity_flags_raised_total", {"by": "worker", "kind": "trigger_unknown"}) == 1
+    (line,) = [json.loads(JsonFormatter().format(r)) for r in caplog.records
+               if r.getMessage() == "trigger outcome unknown"]
+    assert (line["action"], line["flag_kind"], line["execution_id"]) == (
+        "flag", "trigger_unknown", str(execution.id))
+
+
+class Raising:
+    """The real adapter, whose start raises after the engine took the trigger: the outcome
+    is unknown to the worker (docs/external.md, "Starting a run, never twice")."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    async def start(self, *args: Any, **kwargs: Any) -> Any:
+        await self.inner.start(*args, **kwargs)
+        raise RuntimeError("the answer was lost")

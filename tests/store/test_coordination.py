@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -21,6 +21,7 @@ from veracity.clock import ManualClock
 from veracity.models import Claim
 from veracity.store import Store
 from veracity.store._common import lock_key
+from veracity.store.postgres import PostgresStore
 
 TTL = timedelta(seconds=60)
 
@@ -263,6 +264,100 @@ async def test_the_lock_outlives_a_server_that_ends_idle_transactions(
         assert await held.held() is True
         async with other.single_runner("recovery") as second:
             assert bool(second) is False
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_a_lock_connection_to_a_server_that_never_answers_gives_up_after_the_timeout(
+    raw: RawSQL, clock: ManualClock
+) -> None:
+    """Guards the lock connection's ``connect_timeout`` (PostgresStore.single_runner): a
+    database server that accepts connections and then never answers (frozen, or a network
+    that swallows its packets) fails the tick after the store's connect timeout, with
+    psycopg's ``ConnectionTimeout``, instead of hanging the service's loop. The server
+    here is a loopback relay to the test's database that, once frozen, accepts and never
+    answers; the store is opened through it with a 2-second timeout (libpq's least)."""
+    relay = _FreezableRelay(urlsplit(raw.url))
+    await relay.start()
+    store = await PostgresStore.open(relay.url(raw.url), clock=clock, pool_size=1,
+                                     connect_timeout=2)
+    try:
+        async with store.single_runner("recovery") as held:  # answered: the lock is taken
+            assert bool(held) is True
+        relay.frozen = True
+        with pytest.raises(psycopg.errors.ConnectionTimeout):
+            # four times the timeout: a lock connection that ignored it (libpq's default
+            # waits forever; this store's default is 10 s) would still be waiting here
+            async with asyncio.timeout(8):
+                async with store.single_runner("recovery"):
+                    pytest.fail("a tick whose lock connection never opened must not start")
+        assert relay.silent_connections >= 1
+    finally:
+        relay.frozen = False
+        await store.close()
+        await relay.close()
+
+
+class _FreezableRelay:
+    """A TCP relay on loopback to a PostgreSQL server; when ``frozen``, a new connection is
+    accepted and then never answered."""
+
+    def __init__(self, target: SplitResult) -> None:
+        self.target = (target.hostname or "127.0.0.1", target.port or 5432)
+        self.frozen = False
+        self.silent_connections = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        """Every connection's writer, both sides: all closed and waited for at the end, or
+        the test's event loop closes over live transports (a ResourceWarning, later)."""
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+
+    def url(self, url: str) -> str:
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        parts = urlsplit(url)
+        userinfo = parts.netloc.rpartition("@")[0]
+        netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        if self.frozen:
+            self.silent_connections += 1
+            await reader.read()  # never answers; returns when the client hangs up
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self._writers.add(up_writer)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except ConnectionError:
+                pass
+            finally:
+                dst.close()
+
+        for task in (asyncio.create_task(pipe(reader, up_writer)),
+                     asyncio.create_task(pipe(up_reader, writer))):
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for writer in self._writers:
+            writer.close()
+        await asyncio.gather(*(w.wait_closed() for w in self._writers),
+                             return_exceptions=True)
+        await self._server.wait_closed()
 
 
 def _with_options(url: str, options: str) -> str:

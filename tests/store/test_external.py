@@ -841,6 +841,18 @@ async def test_reconcile_flag(store: Store, clock: ManualClock) -> None:
         "stop_unconfirmed")
     events = await assert_history_consistent(store, eid)
     assert kinds(events)[-2:] == ["flagged", "flagged"]
+    # a new reason alone (the same kind) replaces the old one too ...
+    reworded = flag_action(eid, "run-1", "cancel requested; the engine did not confirm the stop",
+                           kind=FlagKind.STOP_UNCONFIRMED)
+    assert await store.execution_reconcile_apply([reworded]) == [reworded]
+    assert (await get(store, eid)).flag_reason == reworded.reason
+    # ... and so does a new kind alone (the same words)
+    rekinded = flag_action(eid, "run-1", reworded.reason, kind=FlagKind.UNKNOWN_ID)
+    assert await store.execution_reconcile_apply([rekinded]) == [rekinded]
+    assert (await get(store, eid)).flag_kind == "unknown_id"
+    assert await store.execution_reconcile_apply([newer]) == [newer]  # back as it was
+    events = await assert_history_consistent(store, eid)
+    assert kinds(events)[-3:] == ["flagged", "flagged", "flagged"]
 
     # the engine finds the run again: the flag is cleared, the run goes on
     at3 = clock.advance(10)
@@ -877,9 +889,37 @@ async def test_reconcile_flag_without_id_keeps_the_first_reason(
     later = flag_action(eid, None, "no external id after 60s")
     assert await store.execution_reconcile_apply([later, first]) == []
     await assert_unchanged(store, eid, before)
+    # the kept reason skips only its own execution: the rest of the page is applied
+    other = await delegated(store)
+    theirs = flag_action(other, None, "no external id after 60s")
+    assert await store.execution_reconcile_apply([later, theirs]) == [theirs]
+    await assert_unchanged(store, eid, before)
+    assert (await get(store, other)).flag_kind == "no_external_id"
     ex = await get(store, eid)
     assert (ex.flagged_at, ex.flag_reason, ex.flag_kind) == (
         at, "the trigger's outcome is unknown", "trigger_unknown")
+
+
+async def test_actions_with_nothing_to_change_skip_only_their_own_execution(
+    store: Store
+) -> None:
+    """In one page, a flag an execution already carries and the clearing of a flag an
+    execution does not carry change nothing, and the actions after them still apply."""
+    flagged = await attached(store, "run-a")
+    same = flag_action(flagged, "run-a", "engine says: unknown run")
+    assert await store.execution_reconcile_apply([same]) == [same]
+    unflagged = await attached(store, "run-c")
+    nothing_to_clear = ReconcileAction(unflagged, "run-c", WriteKind.UNFLAG, "found", {})
+    last = await attached(store, "run-b")
+    new_flag = flag_action(last, "run-b", "engine says: unknown run")
+    before = [await snapshot(store, eid) for eid in (flagged, unflagged)]
+
+    assert await store.execution_reconcile_apply([same, nothing_to_clear, new_flag]) == [
+        new_flag]
+
+    for eid, snap in zip((flagged, unflagged), before, strict=True):
+        await assert_unchanged(store, eid, snap)
+    assert (await get(store, last)).flag_kind == "unknown_id"
 
 
 SKIPS = ["other_id", "id_now_known", "id_expected_none_missing", "ended", "plain_running",

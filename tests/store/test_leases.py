@@ -162,6 +162,34 @@ async def test_lease_epoch_increments_on_each_claim(store: Store, clock: ManualC
     await assert_history_consistent(store, ex.id)
 
 
+async def test_the_first_claim_is_the_start_and_later_claims_keep_it(
+    store: Store, clock: ManualClock
+) -> None:
+    ex = await submit(store)
+    assert ex.started_at is None
+    first = clock.advance(3)
+    c = await claim_one(store, "worker-a")
+    got = await store.execution_get(ex.id)
+    assert got is not None and got.started_at == first == got.updated_at
+    clock.advance(5)
+    assert (await store.execution_release_if_owned(c, "again")).applied
+    again = await store.execution_claim("worker-b", [FFQN], limit=1, lease_ttl=TTL)
+    assert [e.started_at for e in again] == [first]
+    assert again[0].updated_at == first + timedelta(seconds=5)
+
+
+async def test_status_counts_are_the_unfinished_executions_by_status(store: Store) -> None:
+    assert await store.execution_status_counts() == {}
+    for _ in range(3):
+        await submit(store)
+    await submit(store, ffqn="app.other.run")
+    c = await claim_one(store, "worker-a")
+    assert await store.execution_status_counts() == {"pending": 3, "running": 1}
+    assert (await store.execution_complete_if_owned(c, None)).applied
+    # a terminal execution is no longer counted: terminal ends are counted as they happen
+    assert await store.execution_status_counts() == {"pending": 3}
+
+
 # -- fenced writes: applied -------------------------------------------------------------
 
 

@@ -122,3 +122,39 @@ async def test_a_workflow_retry_is_pending_again_after_its_delay(
     late = await store.execution_retry_if_owned(claim, {"code": "x"}, retry=2, of=2, delay=0)
     assert not late.applied
     assert (await store.history_list(e.id))[-1].kind == "late_report"
+
+
+@pytest.mark.parametrize(("retry", "delay"), [(1, -0.5), (0, 0), (-1, 30)],
+                         ids=["negative_delay", "retry_zero", "negative_retry"])
+async def test_a_workflow_retry_with_a_bad_number_or_delay_is_refused_and_changes_nothing(
+    store: Store, retry: int, delay: float
+) -> None:
+    """Each bad input alone is refused: a delay below 0 (even by half a second), a retry
+    number below 1; the execution stays running under its lease, with no new event."""
+    e = await submit_unique(store)
+    claim = await claim_exactly(store, e.id)
+    before = await get(store, e.id)
+    with pytest.raises(ValueError, match="a delay of 0 or more and a number from 1"):
+        await store.execution_retry_if_owned(claim, {"code": "x"}, retry=retry, of=2,
+                                             delay=delay)
+    assert await get(store, e.id) == before
+    # the least accepted values: retry 1, no delay
+    assert (await store.execution_retry_if_owned(claim, {"code": "x"}, retry=1, of=2,
+                                                 delay=0)).applied
+
+
+async def test_the_options_of_a_fenced_exit_are_named(store: Store) -> None:
+    """``transient`` and the retry's numbers are keyword-only: a bare ``True`` or ``2`` in a
+    call could not say which option it is. The claim and the error may be named too."""
+    e = await submit_unique(store)
+    claim = await claim_exactly(store, e.id)
+    with pytest.raises(TypeError):
+        await store.execution_fail_if_owned(claim, {"code": "x"}, True)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        await store.execution_retry_if_owned(claim, {"code": "x"}, 1, 2, 0)  # type: ignore[call-arg]
+    assert (await get(store, e.id)).status is Status.RUNNING
+    assert (await store.execution_retry_if_owned(claim=claim, error={"code": "x"}, retry=1,
+                                                 of=2, delay=0)).applied
+    claim = await claim_exactly(store, e.id)
+    assert (await store.execution_fail_if_owned(claim=claim, error={"code": "x"},
+                                                transient=True)).applied

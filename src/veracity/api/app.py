@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import WithJsonSchema
 
 from veracity.api.auth import ROUTE_ACCESS, TokenAuth, check_routes, declare_security
+from veracity.api.docs import install_docs
 from veracity.api.errors import error_response, install_error_handlers
 from veracity.api.limits import BodySizeLimit, JsonBodies
+from veracity.api.openapi import finish_document
 from veracity.api.schemas import (
     LIST_VALUE_BYTES,
     AdoptOut,
@@ -25,7 +27,6 @@ from veracity.api.schemas import (
     CronPage,
     DeploymentOut,
     DeploymentPage,
-    ErrorOut,
     ExecutionOut,
     ExecutionPage,
     FailRequest,
@@ -36,6 +37,7 @@ from veracity.api.schemas import (
     MessageRequest,
     ResolveRequest,
     SubmitRequest,
+    Time,
     WorkerOut,
     WorkerPage,
 )
@@ -44,10 +46,24 @@ from veracity.core.requests import CallbackReport
 from veracity.core.states import Status
 from veracity.errors import BadRequest, InvalidInput
 from veracity.models import ExecutionFilter
+from veracity.telemetry import HttpMetrics, Telemetry
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorOut} for status in (400, 404, 409, 413, 422)
-}
+STATUS_LIST = (r"^\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?"
+               r"(?:,\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?)*$")
+"""A ``status`` query value: one status, or several separated by commas."""
+
+StatusList = Annotated[str, WithJsonSchema({
+    "type": "string", "pattern": STATUS_LIST,
+    "description": "One of " + ", ".join(s.value for s in Status) + "; or several, "
+                   "comma-separated (422 invalid_status otherwise)"})]
+
+ExecutionId = Annotated[str, Path(
+    description="The execution's id, a UUID (400 invalid_id otherwise)",
+    json_schema_extra={"format": "uuid"})]
+
+DeploymentId = Annotated[str, Path(
+    description="A deployment id: 1 to 128 characters, no NUL (422 invalid_deployment_id "
+                "otherwise)", json_schema_extra={"maxLength": 128, "pattern": "^[^\\x00]+$"})]
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -94,6 +110,7 @@ def create_api(
     registry: CollectorRegistry | None = None,
     health_timeout: float = HEALTH_TIMEOUT,
     auth_required: bool = False,
+    telemetry: Telemetry | None = None,
 ) -> FastAPI:
     """The API. Pass a ready ``service``, or a ``lifespan`` that puts one on
     ``app.state.service`` at start (the server does that, to open the store there).
@@ -111,7 +128,10 @@ def create_api(
         version="0.1.0",
         description="Durable workflow executions that never lie about their state.",
         lifespan=lifespan or no_lifespan,
+        docs_url=None,  # served offline by install_docs (api/docs.py)
+        redoc_url=None,
     )
+    install_docs(app)
     if service is not None:
         app.state.service = service
     install_error_handlers(app)
@@ -119,8 +139,10 @@ def create_api(
     app.add_middleware(JsonBodies)
     # added last, so outermost: a request is refused for its token before its body is read
     app.add_middleware(TokenAuth, required=auth_required)
+    if telemetry is not None:  # outermost: every answer counted, a refused token's too
+        app.add_middleware(HttpMetrics, telemetry=telemetry, routes=app.router.routes)
 
-    @app.get("/healthz", response_model=Health, responses={503: {"model": ErrorOut}})
+    @app.get("/healthz", response_model=Health)
     async def healthz(service: Service) -> Health | JSONResponse:
         try:
             await asyncio.wait_for(service.store.ping(), health_timeout)
@@ -134,7 +156,8 @@ def create_api(
                                   headers={"Retry-After": "1"})
         return Health(status="ok", database="ok", backend=service.store.backend)
 
-    metrics_registry = registry or CollectorRegistry()
+    metrics_registry = registry or (telemetry.registry if telemetry is not None
+                                    else CollectorRegistry())
     app.state.metrics_registry = metrics_registry
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -150,6 +173,14 @@ def create_api(
             if counts is not None:
                 for kind, child in service.metrics.flagged_children():
                     child.set(counts.get(kind, 0))
+        if service is not None and telemetry is not None:
+            try:
+                statuses = await asyncio.wait_for(service.store.execution_status_counts(),
+                                                  METRICS_DB_WAIT)
+            except Exception:  # the gauge keeps its last values
+                statuses = None
+            if statuses is not None:
+                telemetry.set_counts(statuses)
         return PlainTextResponse(
             generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST
         )
@@ -158,7 +189,7 @@ def create_api(
         "/v1/executions",
         status_code=201,
         response_model=ExecutionOut,
-        responses={200: {"model": ExecutionOut, "description": "Idempotent repeat"}, **ERRORS},
+        responses={200: {"model": ExecutionOut, "description": "Idempotent repeat"}},
     )
     async def submit(body: SubmitRequest, service: Service, response: Response) -> ExecutionOut:
         execution, created = await service.submit(
@@ -172,14 +203,17 @@ def create_api(
             response.status_code = 200
         return ExecutionOut.of(execution)
 
-    @app.get("/v1/executions", response_model=ExecutionPage, responses=ERRORS)
+    @app.get("/v1/executions", response_model=ExecutionPage, )
     async def list_executions(
         service: Service,
-        status: Annotated[list[str] | None, Query(description="Repeat or comma-separate")] = None,
+        status: Annotated[list[StatusList] | None, Query(
+            description="Only these statuses: repeat the parameter, or comma-separate")] = None,
         ffqn_prefix: Annotated[str | None, Query(max_length=512, pattern=r"^[^\x00]*$")] = None,
         deployment_id: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
+        created_after: Annotated[Time | None, Query(
+            description="Only those created at or after this time")] = None,
+        created_before: Annotated[Time | None, Query(
+            description="Only those created before this time")] = None,
         flagged: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         cursor: Annotated[str | None, Query(max_length=512)] = None,
@@ -202,15 +236,15 @@ def create_api(
             next_cursor=page.next_cursor,
         )
 
-    @app.get("/v1/executions/{execution_id}", response_model=ExecutionOut, responses=ERRORS)
-    async def get_execution(execution_id: str, service: Service) -> ExecutionOut:
+    @app.get("/v1/executions/{execution_id}", response_model=ExecutionOut, )
+    async def get_execution(execution_id: ExecutionId, service: Service) -> ExecutionOut:
         execution = await service.get(execution_id)
         waiting = await service.waiting_reasons([execution])
         return ExecutionOut.of(execution, waiting.get(execution.id))
 
     @app.put("/v1/executions/{execution_id}/cancel", response_model=ExecutionOut,
-             responses=ERRORS)
-    async def cancel(execution_id: str, service: Service) -> ExecutionOut:
+             )
+    async def cancel(execution_id: ExecutionId, service: Service) -> ExecutionOut:
         """Cancel an execution whose workflow name ends in -cancellable, and recursively its
         cancellable children. A running one stops at its next await; a run delegated to an
         external engine is asked to stop there and ends cancelled once the engine confirms
@@ -221,8 +255,8 @@ def create_api(
         return ExecutionOut.of(execution)
 
     @app.put("/v1/executions/{execution_id}/retry", status_code=201,
-             response_model=ExecutionOut, responses=ERRORS)
-    async def retry(execution_id: str, service: Service) -> ExecutionOut:
+             response_model=ExecutionOut, )
+    async def retry(execution_id: ExecutionId, service: Service) -> ExecutionOut:
         """Retry a failed or failed_transient execution: 201 and a new execution linked to
         it (retry_of), which replays the failed run's recorded calls up to its failure and
         runs on from there. The failed one is left unchanged. Any other status: 409
@@ -230,8 +264,8 @@ def create_api(
         return ExecutionOut.of(await service.retry(execution_id))
 
     @app.put("/v1/executions/{execution_id}/pause", response_model=ExecutionOut,
-             responses=ERRORS)
-    async def pause(execution_id: str, service: Service) -> ExecutionOut:
+             )
+    async def pause(execution_id: ExecutionId, service: Service) -> ExecutionOut:
         """Hold any non-terminal execution: pending and blocked ones at once, a running one at
         its next step boundary (it releases its lease). 409 wrong_state for a terminal one;
         409 not_pausable for a run delegated to an external engine (it cannot pause it:
@@ -240,16 +274,16 @@ def create_api(
         return ExecutionOut.of(execution)
 
     @app.put("/v1/executions/{execution_id}/unpause", response_model=ExecutionOut,
-             responses=ERRORS)
-    async def unpause(execution_id: str, service: Service) -> ExecutionOut:
+             )
+    async def unpause(execution_id: ExecutionId, service: Service) -> ExecutionOut:
         """Back to pending (or blocked, if it still waits for something). 409 if not paused."""
         execution, _ = await service.unpause(execution_id)
         return ExecutionOut.of(execution)
 
     @app.post("/v1/executions/{execution_id}/messages", status_code=201,
-              response_model=MessageOut, responses=ERRORS)
+              response_model=MessageOut, )
     async def send_message(
-        execution_id: str, body: MessageRequest, service: Service
+        execution_id: ExecutionId, body: MessageRequest, service: Service
     ) -> MessageOut:
         """Store a message durably for recv(topic); wakes the execution if it waits.
         409 for a terminal execution."""
@@ -264,9 +298,9 @@ def create_api(
         return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
     @app.post("/v1/executions/{execution_id}/complete", response_model=ExecutionOut,
-              responses={401: {"model": ErrorOut}, **ERRORS})
+)
     async def complete(
-        execution_id: str, body: CompleteRequest, service: Service,
+        execution_id: ExecutionId, body: CompleteRequest, service: Service,
         authorization: Annotated[str | None, Header()] = None,
     ) -> ExecutionOut:
         """The engine's callback: the run completed with this result. Authenticated by the
@@ -277,9 +311,9 @@ def create_api(
         return ExecutionOut.of(execution)
 
     @app.post("/v1/executions/{execution_id}/fail", response_model=ExecutionOut,
-              responses={401: {"model": ErrorOut}, **ERRORS})
+)
     async def fail(
-        execution_id: str, body: FailRequest, service: Service,
+        execution_id: ExecutionId, body: FailRequest, service: Service,
         authorization: Annotated[str | None, Header()] = None,
     ) -> ExecutionOut:
         """The engine's callback: the run failed (failed, or failed_transient)."""
@@ -291,8 +325,8 @@ def create_api(
     @app.put("/v1/executions/{execution_id}/resolve", response_model=ExecutionOut,
              responses={202: {"model": ExecutionOut,
                               "description": "Stop requested; still running until the "
-                                             "engine confirms the run finished"}, **ERRORS})
-    async def resolve(execution_id: str, body: ResolveRequest, service: Service,
+                                             "engine confirms the run finished"}})
+    async def resolve(execution_id: ExecutionId, body: ResolveRequest, service: Service,
                       response: Response) -> ExecutionOut:
         """An operator resolves a flagged (or any running delegated) execution: attach the
         engine's id, or end the run as failed_transient (fail) or cancelled (cancel) once
@@ -309,20 +343,20 @@ def create_api(
             response.status_code = 202
         return ExecutionOut.of(resolved.execution)
 
-    @app.get("/v1/workers", response_model=WorkerPage, responses=ERRORS)
+    @app.get("/v1/workers", response_model=WorkerPage, )
     async def list_workers(
         service: Service, limit: Annotated[int, Query(ge=1, le=1000)] = 100
     ) -> WorkerPage:
         return WorkerPage(items=[WorkerOut.of(w) for w in await service.workers(limit=limit)])
 
-    @app.get("/v1/crons", response_model=CronPage, responses=ERRORS)
+    @app.get("/v1/crons", response_model=CronPage, )
     async def list_crons(service: Service) -> CronPage:
         """The [[cron]] entries of this server's configuration, in its order: each with its
         last slot, the execution that slot started and that execution's status, and the
         next slot (docs/cron.md)."""
         return CronPage(items=[CronOut.of(v) for v in await service.crons()])
 
-    @app.get("/v1/deployments", response_model=DeploymentPage, responses=ERRORS)
+    @app.get("/v1/deployments", response_model=DeploymentPage, )
     async def list_deployments(service: Service) -> DeploymentPage:
         """Every deployment, newest first: when a server or worker of it was first and
         last seen, its unfinished executions by status, its live workers, and how many of
@@ -331,8 +365,8 @@ def create_api(
         return DeploymentPage(items=[DeploymentOut.of(d) for d in await service.deployments()])
 
     @app.post("/v1/deployments/{deployment_id}/adopt", response_model=AdoptOut,
-              responses=ERRORS)
-    async def adopt(deployment_id: str, service: Service,
+              )
+    async def adopt(deployment_id: DeploymentId, service: Service,
                     body: AdoptRequest | None = None) -> AdoptOut:
         """Move the stranded executions of an older deployment (those whose workflow name
         starts with ffqn_prefix, if given) onto this server's deployment, each with an
@@ -346,10 +380,10 @@ def create_api(
         return AdoptOut.of(outcome)
 
     @app.get(
-        "/v1/executions/{execution_id}/history", response_model=HistoryPage, responses=ERRORS
+        "/v1/executions/{execution_id}/history", response_model=HistoryPage
     )
     async def history(
-        execution_id: str,
+        execution_id: ExecutionId,
         service: Service,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
         cursor: Annotated[str | None, Query(max_length=32)] = None,
@@ -367,4 +401,14 @@ def create_api(
 
     check_routes(app.router.routes, ROUTE_ACCESS)  # a route without its access is a bug
     declare_security(app, auth_required)
+    secured = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if getattr(app.state, "openapi_finished", False) and app.openapi_schema is not None:
+            return app.openapi_schema
+        app.openapi_schema = finish_document(secured())
+        app.state.openapi_finished = True
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

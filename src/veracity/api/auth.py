@@ -40,7 +40,8 @@ class Unscoped(StrEnum):
 Access = TokenScope | Unscoped
 
 EXECUTION = "/v1/executions/{execution_id}"
-DOCUMENT_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+DOCUMENT_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
+                  "/docs/static/{name}")
 
 ROUTE_ACCESS: Mapping[tuple[str, str], Access] = {
     ("GET", "/healthz"): Unscoped.OPEN,

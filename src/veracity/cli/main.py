@@ -125,11 +125,12 @@ def event_json(ev: HistoryEvent) -> dict[str, Any]:
     return HistoryItem.of(ev).model_dump(mode="json")
 
 
-def print_execution(e: Execution) -> None:
+def print_execution(e: Execution, waiting_reason: str | None = None) -> None:
     print_fields([
         ("id", str(e.id)),
         ("ffqn", e.ffqn),
         ("status", str(e.status)),
+        ("waiting", waiting_reason or "-"),
         ("params", short(e.params, 200)),
         ("result", short(e.result, 200) if e.status == Status.COMPLETED else "-"),
         ("error", short(e.error, 200) if e.error is not None else "-"),
@@ -202,14 +203,17 @@ def server(config_path: str | None, database_url: str | None, app: str | None,
 @common_options
 @click.option("--concurrency", default=None, type=click.IntRange(1, 10000),
               help="Executions run at once (VERACITY_WORKER_CONCURRENCY).")
+@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535),
+              help="Serve Prometheus metrics on this port (VERACITY_WORKER_METRICS_PORT).")
 def worker(config_path: str | None, database_url: str | None, app: str | None,
-           concurrency: int | None) -> None:
+           concurrency: int | None, metrics_port: int | None) -> None:
     """Run a worker: claim and run executions of the app's workflows until SIGTERM/SIGINT."""
     from veracity._logging import setup_logging
     from veracity.worker.main import run_worker
 
     settings = settings_from(config_path, database_url=database_url, app=app,
-                             **{"worker.concurrency": concurrency})
+                             **{"worker.concurrency": concurrency,
+                                "worker.metrics_port": metrics_port})
     setup_logging(settings.log_level)
     sys.exit(run(run_worker(settings), fast_loop=True))
 
@@ -407,12 +411,16 @@ def get(config_path: str | None, database_url: str | None, app: str | None, as_j
         execution_id: str) -> None:
     """Show one execution."""
     settings = settings_from(config_path, database_url=database_url, app=app)
-    execution = run(with_runtime(settings, lambda rt: rt.service.get(execution_id),
-                                 read_only=True))
+
+    async def one(rt: Runtime) -> tuple[Execution, str | None]:
+        execution = await rt.service.get(execution_id)
+        return execution, (await rt.service.waiting_reasons([execution])).get(execution.id)
+
+    execution, waiting = run(with_runtime(settings, one, read_only=True))
     if as_json:
-        print_json(execution_json(execution))
+        print_json(execution_json(execution, waiting))
     else:
-        print_execution(execution)
+        print_execution(execution, waiting)
 
 
 @cli.command(name="list")

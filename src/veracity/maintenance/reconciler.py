@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,6 +31,7 @@ from veracity.core.reconcile import DEFAULT_STOP_FLAG_AFTER, WriteKind
 from veracity.models import Execution, ReconcileAction
 from veracity.store import RunnerLock
 from veracity.store.protocol import MaintenanceStore
+from veracity.telemetry import Telemetry
 
 log = logging.getLogger("veracity.reconciler")
 DOMAIN = {"domain": "reconciler"}
@@ -90,8 +92,10 @@ class ReconcilerService:
         trigger_grace: Mapping[str, float] | None = None,
         stop_flag_after: float = DEFAULT_STOP_FLAG_AFTER.total_seconds(),
         looker: Looker | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.store = store
+        self.telemetry = telemetry
         self.looker = looker or Looker(engines, limits, engine_timeout=engine_timeout,
                                        trigger_grace=trigger_grace,
                                        stop_flag_after=stop_flag_after)
@@ -148,6 +152,8 @@ class ReconcilerService:
             applied = await self.store.execution_reconcile_apply(actions)
             for action in applied:
                 self._log_action(action)
+            if self.telemetry is not None and applied:
+                self._count(applied, {e.id: e for e in page}, await self.store.db_now())
             result.actions.extend(applied)
             if len(page) < self.page_size:
                 break
@@ -168,6 +174,18 @@ class ReconcilerService:
     async def _stopping(self) -> None:
         await self._still_ours()  # never stop a run under a lock we lost
         self.metrics.actions.labels("stop").inc()
+
+    def _count(self, applied: list[ReconcileAction], page: dict[uuid.UUID, Execution],
+               now: datetime) -> None:
+        assert self.telemetry is not None
+        for action in applied:
+            e = page.get(action.execution_id)
+            if e is None:
+                continue
+            if action.kind is WriteKind.TERMINATE:
+                self.telemetry.end_at(e.ffqn, action.to, e.started_at, now)
+            elif action.kind is WriteKind.FLAG and action.flag is not None:
+                self.telemetry.flagged("reconciler", str(action.flag))
 
     def _log_action(self, action: ReconcileAction) -> None:
         self.metrics.actions.labels(str(action.kind)).inc()

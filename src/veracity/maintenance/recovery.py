@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from veracity.core.recovery import RecoveryAction
 from veracity.store.protocol import MaintenanceStore
+from veracity.telemetry import Telemetry
 
 log = logging.getLogger("veracity.recovery")
 
@@ -52,8 +53,10 @@ class RecoveryService:
         max_attempts: int = 5,
         batch: int = 1000,
         metrics: RecoveryMetrics | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.store = store
+        self.telemetry = telemetry
         self.max_attempts = max_attempts
         self.batch = batch
         self.metrics = metrics
@@ -87,6 +90,8 @@ class RecoveryService:
                      RecoveryAction.CANCEL: result.cancelled}[item.action].append(str(e.id))
                     if self.metrics:
                         self.metrics.actions.labels(str(item.action)).inc()
+                    if self.telemetry is not None:
+                        self.telemetry.end(e)  # failed_transient, cancelled; not a retry
                     log.warning(
                         "lease expired: %s", item.action,
                         extra={"domain": self.name, "execution_id": str(e.id),

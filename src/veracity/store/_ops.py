@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from veracity.core.deployments import Coverage, LiveWorker
+from veracity.core.deployments import Coverage, LiveWorker, is_live
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
 from veracity.core.recovery import Expired, decide_recovery
 from veracity.core.requests import CallbackOutcome, CallbackReport, InterruptKind, ResolveAction
 from veracity.core.states import TERMINAL, Status, sources_of
+from veracity.core.waiting import parked_reason
 from veracity.models import (
     JSON,
     Adopted,
@@ -45,6 +46,7 @@ from veracity.models import (
     Recovered,
     Taken,
     TransitionResult,
+    WaitRecord,
 )
 from veracity.store._common import check_journal_kind, late_report_event
 
@@ -106,6 +108,7 @@ def execution_from(row: Row) -> Execution:
         end_request=row["end_request"],
         end_requested_at=row["end_requested_at"],
         retry_of=row["retry_of"],
+        started_at=row["started_at"],
     )
 
 
@@ -209,7 +212,7 @@ def block_if_owned(
         })
         yield from _events(claim.execution_id, seq + len(events), [("paused", {
             "owner": claim.owner, "epoch": claim.epoch,
-            "reason": f"pause requested; parked at its wait ({reason})"})], now)
+            "reason": parked_reason(reason)})], now)
         return TransitionResult(True, execution_from(rows[0]))
     rows = yield Query("execution_block", {
         "id": claim.execution_id, "wake_at": wake_at, "seen": seen_signal,
@@ -796,6 +799,11 @@ def flag_counts() -> Op:
     return {str(r["flag_kind"]): int(r["n"]) for r in rows}
 
 
+def status_counts() -> Op:
+    rows = yield Query("execution_status_counts", {})
+    return {str(r["status"]): int(r["n"]) for r in rows}
+
+
 def resolve(execution_id: uuid.UUID, action: ResolveAction, external_id: str | None, reason: str,
             actor: str, unconfirmed: str | None, expected_external_id: str | None,
             now: datetime | None) -> Op:
@@ -923,7 +931,10 @@ def _coverage(live_within: timedelta, deployment_id: str | None, now: datetime |
     rows = yield Query("worker_live", {
         "live_within": live_within, "deployment_id": deployment_id, "now": now})
     return Coverage(LiveWorker(r["deployment_id"], frozenset(r["ffqns"]),
-                               frozenset(r["upgrade_ffqns"])) for r in rows)
+                               frozenset(r["upgrade_ffqns"])) for r in rows
+                    if is_live(stopped_at=r["stopped_at"], last_heartbeat=r["last_heartbeat"],
+                               heartbeat_interval=r["heartbeat_interval"],
+                               now=r["db_now"], live_within=live_within))
 
 
 def deployments(live_within: timedelta, now: datetime | None) -> Op:
@@ -995,3 +1006,20 @@ def adopt(from_id: str, to_id: str, ffqn_prefix: str | None, actor: str,
          "data": {"from": from_id, "to": to_id, "by": actor}} for eid in ids])})
     yield Query("notify_pending", {})
     return Adopted(ids)
+
+
+# -- what unfinished executions wait for (core.waiting) -------------------------------------
+
+
+def waits_from(ids: Sequence[uuid.UUID], events: Sequence[Row], children: Sequence[Row]
+               ) -> dict[uuid.UUID, WaitRecord]:
+    """The records of ``execution_waits``: rows of ``history_newest_of_kinds`` and of
+    ``execution_unfinished_children`` gathered by execution."""
+    out = {i: WaitRecord() for i in ids}
+    for r in events:
+        out[r["execution_id"]].events[r["kind"]] = r["data"]
+    for r in children:
+        _, first = out[r["parent_id"]].children.setdefault(
+            r["join_set"], (int(r["n"]), []))
+        first.append(r["id"])
+    return out

@@ -287,6 +287,10 @@ class SharedMethods:
         counts: dict[str, int] = await self._op(_ops.flag_counts)
         return counts
 
+    async def execution_status_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = await self._op(_ops.status_counts)
+        return counts
+
     # -- cron (docs/cron.md) ------------------------------------------------------------
 
     async def cron_records(self, names: Sequence[str]) -> dict[str, CronRecord]:

@@ -49,6 +49,7 @@ from veracity.models import (
     Submitted,
     Taken,
     TransitionResult,
+    WaitRecord,
     WorkerInfo,
     WorkerRecord,
 )
@@ -92,8 +93,19 @@ class ReadStore(Protocol):
 
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]: ...
 
+    async def execution_waits(self, ids: Sequence[uuid.UUID], *, shown_children: int = 5
+                              ) -> dict[uuid.UUID, WaitRecord]:
+        """For each id (an unknown one included): the data of its newest history event of
+        each kind in :data:`veracity.models.WAIT_EVENT_KINDS`, and its unfinished
+        children by join set (how many, and the ``shown_children`` oldest), in a fixed
+        number of statements however many ids."""
+
     async def execution_flag_counts(self) -> dict[str, int]:
         """How many executions carry each flag kind (terminal forced ones included)."""
+
+    async def execution_status_counts(self) -> dict[str, int]:
+        """How many unfinished executions are in each unfinished status (a status with
+        none is left out)."""
 
     async def cron_records(self, names: Sequence[str]) -> dict[str, CronRecord]:
         """The recorded cron entries among ``names`` (one not yet run by any server is
@@ -105,8 +117,9 @@ class ReadStore(Protocol):
     async def deployment_list(self, *, live_within: timedelta) -> list[DeploymentSummary]:
         """Every deployment the registry knows, newest first (``first_seen``), then those
         that only unfinished executions carry (by id), each with its unfinished executions
-        by status, its live workers (not stopped, a heartbeat within ``live_within``) and
-        how many of its executions are stranded (:mod:`veracity.core.deployments`)."""
+        by status, its live workers (:func:`veracity.core.deployments.is_live`, each at
+        most ``live_within`` after its last heartbeat) and how many of its executions are
+        stranded (:mod:`veracity.core.deployments`)."""
 
 
 class DelegatedWrites(Protocol):

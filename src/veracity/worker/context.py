@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overl
 from veracity.bindings import redact_json, redact_text
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
 from veracity.core.retry import RetryPolicy
+from veracity.core.waiting import children_reason, message_reason, sleep_reason
 from veracity.models import (
     JSON,
     Claim,
@@ -75,6 +76,7 @@ from veracity.worker.journal import (
 
 if TYPE_CHECKING:
     from veracity.store.protocol import JournalStore
+    from veracity.telemetry import Telemetry
 
 __all__ = [
     "CHILD_SUBMITTED",
@@ -211,8 +213,12 @@ class Context:
         retry: int = 0,
         http: HttpClient | None = None,
         claimed_seq: int = 0,
+        telemetry: Telemetry | None = None,
+        ffqn: str = "",
     ) -> None:
         self._store = store
+        self._telemetry = telemetry
+        self._ffqn = ffqn
         # the history's length when this run was claimed: what this claim writes comes after
         self._claimed_seq = claimed_seq
         self._http = http
@@ -373,6 +379,8 @@ class Context:
                 raise
             except Exception as exc:
                 if policy.should_retry(attempts, exc):
+                    if self._telemetry is not None:
+                        self._telemetry.step_retry(self._ffqn)
                     await asyncio.sleep(policy.delay(attempts, self._rng.random()))
                     self._check()
                     continue
@@ -381,12 +389,16 @@ class Context:
                     "pos": pos, "name": label, "args": digest, "attempts": attempts,
                     "error": info,
                 })
+                if self._telemetry is not None:
+                    self._telemetry.step(self._ffqn, "failed")
                 raise StepFailed(label, info["type"], info["message"]) from exc
             self.steps_run += 1
             await self._checkpoint(STEP_COMPLETED, {
                 "pos": pos, "name": label, "args": digest, "attempts": attempts,
                 "result": result,
             })
+            if self._telemetry is not None:
+                self._telemetry.step(self._ffqn, "completed")
             return cast(Any, result)
 
     # -- internals ------------------------------------------------------------------------
@@ -435,6 +447,8 @@ class Context:
         self._unwritten_children.clear()
         if not outcome.applied:
             # fenced out: someone else owns the execution now; stop without writing more
+            if self._telemetry is not None and outcome.execution is not None:
+                self._telemetry.late("worker")  # the refused write is kept as a late report
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")
 
@@ -561,7 +575,7 @@ class Context:
                 self._unwritten.extend(events)
             return
         self._beyond(pos, call, waiting=True)  # recorded, not over when the history ends
-        await self._block(until, self._signal_seq, events, "sleep")
+        await self._block(until, self._signal_seq, events, sleep_reason())
 
     async def _block(
         self, wake_at: datetime | None, seen: int, events: list[tuple[str, JSON]], reason: str
@@ -707,7 +721,7 @@ class Context:
                 await self._checkpoint(JOIN_NEXT, data)
                 js.consumed.add(child.id)
                 return outcome_of(data)
-        await self._block(None, signal, [], f"waiting for a child of join set {js.name}")
+        await self._block(None, signal, [], children_reason(js.name))
 
     # messages
 
@@ -775,8 +789,7 @@ class Context:
             events.append((RECV_STARTED, {
                 "pos": pos, "topic": topic,
                 "deadline": deadline.isoformat() if deadline else None}))
-        await self._block(deadline, taken.signal_seq, events,
-                          f"waiting for a message on {topic!r}")
+        await self._block(deadline, taken.signal_seq, events, message_reason(topic))
 
     async def _flush(self) -> None:
         pending = list(self._unwritten)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import start_http_server
 
 from veracity.adapters import build_engines, close_engines
 from veracity.adapters.config import parse_external
@@ -13,9 +16,10 @@ from veracity.bindings import resolve_http
 from veracity.config import Settings
 from veracity.errors import ConfigError
 from veracity.maintenance._loop import run_forever
-from veracity.maintenance.recovery import RecoveryService
+from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
 from veracity.runtime import deployment_id_for, load_user_app, redact_url
 from veracity.store import Store, open_store
+from veracity.telemetry import Telemetry
 from veracity.worker.runner import RateLimitedLog, Worker
 
 log = logging.getLogger("veracity.worker")
@@ -41,6 +45,23 @@ async def open_store_patiently(settings: Settings, stop: asyncio.Event) -> Store
                 pass
             delay = min(delay * 2, 1.0)
     return None
+
+
+def serve_metrics(settings: Settings, telemetry: Telemetry) -> WSGIServer | None:
+    """The worker's Prometheus endpoint (``/metrics``, any path answers) on
+    ``worker.metrics_port``, if set; served from a thread of its own."""
+    port = settings.worker.metrics_port
+    if port is None:
+        return None
+    try:
+        server, _ = start_http_server(port, settings.worker.metrics_host,
+                                      registry=telemetry.registry)
+    except OSError as exc:
+        raise ConfigError(f"worker.metrics_port: cannot listen on "
+                          f"{settings.worker.metrics_host}:{port}: {exc}") from None
+    print(f"Veracity worker metrics at http://{settings.worker.metrics_host}:{port}/metrics",
+          flush=True)
+    return server
 
 
 async def run_worker(settings: Settings) -> int:
@@ -70,18 +91,22 @@ async def run_worker(settings: Settings) -> int:
         return 0
     engines = build_engines(external)
     try:
+        telemetry = Telemetry()
         worker = Worker(
             store, app, settings=settings.worker,
             deployment_id=deployment_id_for(settings, app),
-            external=external, engines=engines, http=bindings,
+            external=external, engines=engines, http=bindings, telemetry=telemetry,
         )
         if stop.is_set():
             return 0
+        exporter = serve_metrics(settings, telemetry)
         print(f"Veracity worker {worker.id} running {len(worker.ffqns)} workflows "
               f"on {redact_url(settings.database_url)}", flush=True)
         # lease recovery runs in every worker too (one runner at a time across all
         # processes, by its lock): workers with no live server still recover
-        recovery = RecoveryService(store, max_attempts=settings.recovery.max_attempts)
+        recovery = RecoveryService(store, max_attempts=settings.recovery.max_attempts,
+                                   metrics=RecoveryMetrics(telemetry.registry),
+                                   telemetry=telemetry)
         recovering = asyncio.create_task(
             run_forever(recovery, settings.recovery.interval, stop), name="veracity-recovery")
         try:
@@ -89,6 +114,9 @@ async def run_worker(settings: Settings) -> int:
         finally:
             stop.set()
             await recovering
+            if exporter is not None:
+                exporter.shutdown()
+                exporter.server_close()
     finally:
         await close_engines(engines)
         await store.close()

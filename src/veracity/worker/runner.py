@@ -38,6 +38,7 @@ from veracity.core.requests import InterruptKind
 from veracity.core.states import Status
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
 from veracity.store.protocol import WorkerStore
+from veracity.telemetry import Telemetry
 from veracity.worker.context import (
     Context,
     ExecutionInterrupted,
@@ -244,7 +245,10 @@ class Worker:
         external: ExternalConfig | None = None,
         engines: Mapping[str, Engine] | None = None,
         http: Bindings | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
+        self.telemetry = telemetry
+        """Where this worker counts what it does (docs/operations.md, Metrics)."""
         self.store: WorkerStore = (
             store if store.supports_notifications
             else cast(WorkerStore, _WakingStore(store, self.wake)))
@@ -335,6 +339,7 @@ class Worker:
             ffqns=self.ffqns,
             concurrency=self.settings.concurrency,
             upgrade_ffqns=self.upgrade_ffqns,
+            heartbeat_interval=self.settings.effective_heartbeat_interval,
         )
         delay = 0.1
         while not self._stopping.is_set():
@@ -384,6 +389,8 @@ class Worker:
                 continue
             delay = 0.1
             now = time.monotonic()
+            if self.telemetry is not None:
+                self.telemetry.claimed(len(batch))
             for execution in batch:
                 self._start(execution, now)
             if len(batch) == free:
@@ -414,6 +421,8 @@ class Worker:
         # a conservative local estimate of the lease's end, by the monotonic clock
         self._lease_deadline[execution.id] = claimed_at + self.settings.lease_ttl
         self.claimed_total += 1
+        if self.telemetry is not None:
+            self.telemetry.started(execution)
         run.task = asyncio.create_task(self._execute(run), name=f"veracity-{execution.id}")
 
     # -- running ------------------------------------------------------------------------------
@@ -444,6 +453,8 @@ class Worker:
                 retry=run.retries,
                 claimed_seq=execution.history_seq,
                 http=self.http,
+                telemetry=self.telemetry,
+                ffqn=execution.ffqn,
             )
             run.ctx = ctx
             if run.interrupt is not None:
@@ -478,7 +489,7 @@ class Worker:
         # from the delegation on it holds no lease: a slow engine call is not a lost lease
         run.delegated = True
         what = await trigger(self.store, engine, workflow, run.execution, run.claim,
-                             self.external.public_url)
+                             self.external.public_url, telemetry=self.telemetry)
         log.info("trigger: %s", what, extra={**EXTRA, "execution_id": str(run.execution.id),
                                              "engine": workflow.engine})
 
@@ -600,6 +611,11 @@ class Worker:
                     # be refused and kept as a late report of our own exit
                     return TransitionResult(True, None, "written before its answer was lost")
                 result: TransitionResult = await attempt()
+                if self.telemetry is not None:
+                    if result.applied:
+                        self.telemetry.end(result.execution)
+                    elif result.execution is not None:  # refused: kept as a late report
+                        self.telemetry.late("worker")
                 return result
             except Exception as exc:
                 in_doubt = True

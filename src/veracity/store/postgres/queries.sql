@@ -113,6 +113,7 @@ WITH pinned AS (
 ), claimed AS (
     UPDATE veracity_executions AS e SET
         status = 'running',
+        started_at = coalesce(e.started_at, %(now)s::timestamptz, now()),
         deployment_id = coalesce(%(deployment_id)s::text, e.deployment_id),
         lease_owner = %(owner)s,
         lease_epoch = e.lease_epoch + 1,
@@ -246,16 +247,16 @@ WITH seen AS (
     ON CONFLICT (id) DO UPDATE SET last_seen = greatest(d.last_seen, EXCLUDED.last_seen)
 )
 INSERT INTO veracity_workers (
-    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, started_at,
-    last_heartbeat)
+    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, heartbeat_interval,
+    started_at, last_heartbeat)
 VALUES (
     %(id)s, %(host)s, %(pid)s, %(deployment_id)s, %(ffqns)s, %(upgrade_ffqns)s,
-    %(concurrency)s, coalesce(%(now)s::timestamptz, now()),
+    %(concurrency)s, %(heartbeat_interval)s, coalesce(%(now)s::timestamptz, now()),
     coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (id) DO UPDATE SET
     host = EXCLUDED.host, pid = EXCLUDED.pid, deployment_id = EXCLUDED.deployment_id,
     ffqns = EXCLUDED.ffqns, upgrade_ffqns = EXCLUDED.upgrade_ffqns,
-    concurrency = EXCLUDED.concurrency,
+    concurrency = EXCLUDED.concurrency, heartbeat_interval = EXCLUDED.heartbeat_interval,
     last_heartbeat = EXCLUDED.last_heartbeat, stopped_at = NULL
 RETURNING *
 
@@ -691,6 +692,14 @@ SELECT flag_kind, count(*) AS n FROM veracity_executions
 WHERE flagged_at IS NOT NULL
 GROUP BY flag_kind
 
+-- name: execution_status_counts
+-- Unfinished executions by status (the telemetry's gauge, read at each scrape): the
+-- partial index veracity_executions_unfinished holds exactly these rows, so the count
+-- costs what is unfinished, not the whole table (its status list repeated word for word).
+SELECT status, count(*) AS n FROM veracity_executions
+WHERE status IN ('pending', 'running', 'blocked', 'paused')
+GROUP BY status
+
 -- name: history_append_many
 -- rows [{execution_id, seq, kind, data}]: many executions' events in one statement
 INSERT INTO veracity_history (execution_id, seq, kind, at, data)
@@ -778,8 +787,11 @@ WHERE deployment_id = %(id)s AND status IN ('pending', 'running', 'blocked', 'pa
 LIMIT 1
 
 -- name: worker_live
--- workers with a fresh heartbeat that did not stop (as control.py's live_within)
-SELECT deployment_id, ffqns, upgrade_ffqns FROM veracity_workers
+-- the workers that may be live: not stopped, a heartbeat within live_within (the lease
+-- TTL); core.deployments.is_live decides, from the heartbeat interval, which are
+SELECT deployment_id, ffqns, upgrade_ffqns, stopped_at, last_heartbeat, heartbeat_interval,
+       coalesce(%(now)s::timestamptz, now()) AS db_now
+FROM veracity_workers
 WHERE stopped_at IS NULL
   AND last_heartbeat >= coalesce(%(now)s::timestamptz, now()) - %(live_within)s::interval
   AND (%(deployment_id)s::text IS NULL OR deployment_id = %(deployment_id)s::text)
@@ -805,3 +817,29 @@ RETURNING id, history_seq
 -- name: notify_pending
 -- adopted pending executions are due for the new deployment's workers: wake them
 SELECT pg_notify('veracity_pending', '')
+
+-- name: history_newest_of_kinds
+-- the newest event of each kind of each execution (what it waits for: core.waiting); one
+-- index probe backwards per execution and kind
+SELECT i.id AS execution_id, h.kind, h.data
+FROM unnest(%(ids)s::uuid[]) AS i(id)
+CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
+CROSS JOIN LATERAL (
+    SELECT kind, data FROM veracity_history
+    WHERE execution_id = i.id AND kind = k.kind
+    ORDER BY seq DESC
+    LIMIT 1
+) h
+
+-- name: execution_unfinished_children
+-- the unfinished children of each execution by join set: how many, and the oldest few
+SELECT parent_id, join_set, id, n FROM (
+    SELECT parent_id, join_set, id, created_at,
+           row_number() OVER (PARTITION BY parent_id, join_set ORDER BY created_at, id) AS rn,
+           count(*) OVER (PARTITION BY parent_id, join_set) AS n
+    FROM veracity_executions
+    WHERE parent_id = ANY (%(ids)s::uuid[])
+      AND status IN ('pending', 'running', 'blocked', 'paused')
+) c
+WHERE rn <= %(shown)s
+ORDER BY parent_id, join_set, created_at, id

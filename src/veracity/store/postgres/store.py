@@ -24,6 +24,7 @@ from veracity.clock import Clock
 from veracity.core.states import Status
 from veracity.models import (
     JSON,
+    WAIT_EVENT_KINDS,
     ApiToken,
     Claim,
     DeploymentRecord,
@@ -36,6 +37,7 @@ from veracity.models import (
     NewExecution,
     Submitted,
     TransitionResult,
+    WaitRecord,
     WorkerInfo,
     WorkerRecord,
 )
@@ -91,6 +93,7 @@ def row_to_worker(row: Row) -> WorkerRecord:
         last_heartbeat=cast(datetime, _utc(row["last_heartbeat"])),
         stopped_at=_utc(row["stopped_at"]),
         upgrade_ffqns=row["upgrade_ffqns"],
+        heartbeat_interval=row["heartbeat_interval"],
     )
 
 
@@ -165,10 +168,14 @@ class PostgresStore(SharedMethods):
     backend = "postgresql"
     supports_notifications = True
 
-    def __init__(self, url: str, pool: AsyncConnectionPool[Any], clock: Clock) -> None:
+    def __init__(self, url: str, pool: AsyncConnectionPool[Any], clock: Clock, *,
+                 connect_timeout: int = 10) -> None:
         self._url = url
         self._pool = pool
         self._clock = clock
+        self._connect_timeout = connect_timeout
+        """Seconds a connection of its own (a single-runner lock's, a LISTEN) may take to
+        open: a server that accepts and never answers fails the tick after this long."""
 
     @classmethod
     async def open(
@@ -200,7 +207,7 @@ class PostgresStore(SharedMethods):
             timeout=POOL_WAIT,
         )
         await pool.open(wait=True, timeout=15)
-        return cls(url, pool, clock)
+        return cls(url, pool, clock, connect_timeout=connect_timeout)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -493,6 +500,7 @@ class PostgresStore(SharedMethods):
                 "ffqns": Json(info.ffqns),
                 "upgrade_ffqns": Json(info.upgrade_ffqns),
                 "concurrency": info.concurrency,
+                "heartbeat_interval": info.heartbeat_interval,
                 "now": self._now(),
             },
         )
@@ -505,6 +513,17 @@ class PostgresStore(SharedMethods):
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
         rows = await self._fetchall("worker_list", {"limit": limit, "now": self._now()})
         return [row_to_worker(r) for r in rows]
+
+    async def execution_waits(self, ids: Sequence[uuid.UUID], *, shown_children: int = 5
+                              ) -> dict[uuid.UUID, WaitRecord]:
+        if not ids:
+            return {}
+        ids = list(dict.fromkeys(ids))
+        events = await self._fetchall("history_newest_of_kinds", {
+            "ids": ids, "kinds": list(WAIT_EVENT_KINDS)})
+        children = await self._fetchall("execution_unfinished_children", {
+            "ids": ids, "shown": shown_children})
+        return _ops.waits_from(ids, events, children)
 
     async def deployment_seen(self, deployment_id: str) -> DeploymentRecord:
         row = await self._fetchone("deployment_seen", {"id": deployment_id,
@@ -558,7 +577,8 @@ class PostgresStore(SharedMethods):
         key = lock_key(name)
         # a connection of its own for the whole tick: the lock lives in its session
         conn = await psycopg.AsyncConnection.connect(
-            self._url, autocommit=True, row_factory=dict_row, connect_timeout=10
+            self._url, autocommit=True, row_factory=dict_row,
+            connect_timeout=self._connect_timeout,
         )
         try:
             cur = await conn.execute(_q("lock_try"), {"key": key})
@@ -589,7 +609,7 @@ class PostgresStore(SharedMethods):
 
     async def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
         conn = await psycopg.AsyncConnection.connect(
-            self._url, autocommit=True, connect_timeout=10
+            self._url, autocommit=True, connect_timeout=self._connect_timeout
         )
         try:
             await conn.execute(f"LISTEN {INTERRUPT_CHANNEL}")
@@ -603,7 +623,7 @@ class PostgresStore(SharedMethods):
 
     async def pending_notifications(self) -> AsyncIterator[None]:
         conn = await psycopg.AsyncConnection.connect(
-            self._url, autocommit=True, connect_timeout=10
+            self._url, autocommit=True, connect_timeout=self._connect_timeout
         )
         try:
             await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")

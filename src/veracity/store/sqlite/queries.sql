@@ -71,6 +71,7 @@ LIMIT :limit
 -- BEGIN IMMEDIATE is the lock. :deployment_id NULL: every workflow is in :upgrading.
 UPDATE veracity_executions SET
     status = 'running',
+    started_at = coalesce(started_at, :now),
     deployment_id = coalesce(:deployment_id, deployment_id),
     lease_owner = :owner,
     lease_epoch = lease_epoch + 1,
@@ -174,13 +175,14 @@ RETURNING *
 
 -- name: worker_register
 INSERT INTO veracity_workers (
-    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, started_at,
-    last_heartbeat)
-VALUES (:id, :host, :pid, :deployment_id, :ffqns, :upgrade_ffqns, :concurrency, :now, :now)
+    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, heartbeat_interval,
+    started_at, last_heartbeat)
+VALUES (:id, :host, :pid, :deployment_id, :ffqns, :upgrade_ffqns, :concurrency,
+        :heartbeat_interval, :now, :now)
 ON CONFLICT (id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, deployment_id = excluded.deployment_id,
     ffqns = excluded.ffqns, upgrade_ffqns = excluded.upgrade_ffqns,
-    concurrency = excluded.concurrency,
+    concurrency = excluded.concurrency, heartbeat_interval = excluded.heartbeat_interval,
     last_heartbeat = excluded.last_heartbeat, stopped_at = NULL
 RETURNING *
 
@@ -536,6 +538,14 @@ SELECT flag_kind, count(*) AS n FROM veracity_executions
 WHERE flagged_at IS NOT NULL
 GROUP BY flag_kind
 
+-- name: execution_status_counts
+-- Unfinished executions by status (the telemetry's gauge, read at each scrape): the
+-- partial index veracity_executions_unfinished holds exactly these rows, so the count
+-- costs what is unfinished, not the whole table (its status list repeated word for word).
+SELECT status, count(*) AS n FROM veracity_executions
+WHERE status IN ('pending', 'running', 'blocked', 'paused')
+GROUP BY status
+
 -- name: history_append_many
 -- rows [{execution_id, seq, kind, data}]: many executions' events in one statement
 INSERT INTO veracity_history (execution_id, seq, kind, at, data)
@@ -623,7 +633,10 @@ WHERE deployment_id = :id AND status IN ('pending', 'running', 'blocked', 'pause
 LIMIT 1
 
 -- name: worker_live
-SELECT deployment_id, ffqns, upgrade_ffqns FROM veracity_workers
+-- the workers that may be live (core.deployments.is_live decides which are)
+SELECT deployment_id, ffqns, upgrade_ffqns, stopped_at, last_heartbeat, heartbeat_interval,
+       :now AS db_now
+FROM veracity_workers
 WHERE stopped_at IS NULL
   AND last_heartbeat >= :now - :live_within
   AND (:deployment_id IS NULL OR deployment_id = :deployment_id)
@@ -675,3 +688,26 @@ RETURNING *
 -- name: token_touch
 UPDATE veracity_api_tokens SET last_used_at = :now
 WHERE key_id = :key_id AND (last_used_at IS NULL OR last_used_at < :now)
+
+-- name: history_newest_of_kinds
+-- the newest event of each kind of each execution (what it waits for: core.waiting)
+SELECT h.execution_id, h.kind, h.data
+FROM (SELECT i.value AS id, k.value AS kind,
+             (SELECT x.seq FROM veracity_history x
+              WHERE x.execution_id = i.value AND x.kind = k.value
+              ORDER BY x.seq DESC LIMIT 1) AS seq
+      FROM json_each(:ids) i, json_each(:kinds) k) m
+JOIN veracity_history h ON h.execution_id = m.id AND h.seq = m.seq
+
+-- name: execution_unfinished_children
+-- the unfinished children of each execution by join set: how many, and the oldest few
+SELECT parent_id, join_set, id, n FROM (
+    SELECT parent_id, join_set, id, created_at,
+           row_number() OVER (PARTITION BY parent_id, join_set ORDER BY created_at, id) AS rn,
+           count(*) OVER (PARTITION BY parent_id, join_set) AS n
+    FROM veracity_executions
+    WHERE parent_id IN (SELECT value FROM json_each(:ids))
+      AND status IN ('pending', 'running', 'blocked', 'paused')
+) c
+WHERE rn <= :shown
+ORDER BY parent_id, join_set, created_at, id

@@ -31,6 +31,7 @@ from veracity.core.states import Status
 from veracity.errors import ConfigError
 from veracity.models import (
     JSON,
+    WAIT_EVENT_KINDS,
     ApiToken,
     Claim,
     DeploymentRecord,
@@ -43,6 +44,7 @@ from veracity.models import (
     NewExecution,
     Submitted,
     TransitionResult,
+    WaitRecord,
     WorkerInfo,
     WorkerRecord,
 )
@@ -128,6 +130,7 @@ def row_to_execution(row: sqlite3.Row) -> Execution:
         end_request=_loads(row["end_request"]),
         end_requested_at=_opt_time(row["end_requested_at"]),
         retry_of=uuid.UUID(row["retry_of"]) if row["retry_of"] else None,
+        started_at=from_us(row["started_at"]) if row["started_at"] is not None else None,
     )
 
 
@@ -147,6 +150,7 @@ def row_to_worker(row: sqlite3.Row) -> WorkerRecord:
         last_heartbeat=from_us(row["last_heartbeat"]),
         stopped_at=from_us(row["stopped_at"]) if row["stopped_at"] is not None else None,
         upgrade_ffqns=json.loads(row["upgrade_ffqns"]),
+        heartbeat_interval=row["heartbeat_interval"],
     )
 
 
@@ -552,7 +556,8 @@ class SqliteStore(SharedMethods):
                 {"id": info.id, "host": info.host, "pid": info.pid,
                  "deployment_id": info.deployment_id, "ffqns": _dumps(info.ffqns),
                  "upgrade_ffqns": _dumps(info.upgrade_ffqns),
-                 "concurrency": info.concurrency, "now": now},
+                 "concurrency": info.concurrency,
+                 "heartbeat_interval": info.heartbeat_interval, "now": now},
             ).fetchone()
             return row_to_worker(row)
 
@@ -567,6 +572,23 @@ class SqliteStore(SharedMethods):
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
         rows = await self._run(self._all, "worker_list", {"limit": limit})
         return [row_to_worker(r) for r in rows]
+
+    async def execution_waits(self, ids: Sequence[uuid.UUID], *, shown_children: int = 5
+                              ) -> dict[uuid.UUID, WaitRecord]:
+        if not ids:
+            return {}
+        ids = list(dict.fromkeys(ids))
+        params = {"ids": _dumps([str(i) for i in ids]), "kinds": _dumps(WAIT_EVENT_KINDS),
+                  "shown": shown_children}
+
+        def work() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            conn = self._c()
+            return ([_normalise(r) for r in conn.execute(Q["history_newest_of_kinds"], params)],
+                    [_normalise(r) for r in conn.execute(Q["execution_unfinished_children"],
+                                                         params)])
+
+        events, children = await self._run(work)
+        return _ops.waits_from(ids, events, children)
 
     async def deployment_seen(self, deployment_id: str) -> DeploymentRecord:
         def work(conn: sqlite3.Connection, now: int) -> DeploymentRecord:
@@ -690,7 +712,7 @@ TIME_COLUMNS = frozenset({
     "cancel_requested_at", "pause_requested_at", "at", "consumed_at", "started_at",
     "last_heartbeat", "stopped_at", "triggered_at", "flagged_at", "end_requested_at",
     "first_seen_at", "last_slot_at", "slot_at", "fired_at",
-    "first_seen", "last_seen",
+    "first_seen", "last_seen", "db_now",
 })
 JSON_COLUMNS = frozenset({"params", "result", "error", "data", "payload", "ffqns",
                           "upgrade_ffqns", "end_request"})
