@@ -111,7 +111,9 @@ def test_a_generation_change(tmp_path: Path, database_url: str) -> None:
                            and e["data"]["result"] == "A handled 'hello'" for e in events)
 
             wait_for(handled, "worker A to handle the message", d1)
-            assert by_key(managed(client, d1.url), "blocked") == first
+            # and waits for the next one: the same executions, blocked again
+            wait_for(lambda: by_key(managed(client, d1.url), "blocked") == first,
+                     "worker A to wait again", d1)
             stop(d1)
 
         with server(folder, env, "d2", "--worker") as d2:
