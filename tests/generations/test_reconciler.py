@@ -3,7 +3,8 @@ served on loopback with API tokens required, and a real worker, on each backend:
 reconcilers racing start a key twice and the next run keeps one per key; a legacy managed
 execution is paused, not cancelled; managed params without the key fail the run with a
 clear error and change nothing; a run cut short is repaired by the next; retiring an ended
-execution is a success; the example's scopes list, cancel and pause, and nothing else."""
+execution is a success; the deployment is the one the run's own record names; every page of
+the listing is read; the example's scopes list, cancel and pause, and nothing else."""
 
 from __future__ import annotations
 
