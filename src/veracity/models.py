@@ -100,6 +100,17 @@ class Submitted:
     """The digest stored with the existing execution (to detect a different body)."""
 
 
+class BatchConflict(Exception):
+    """A batch submission refused whole, nothing written: the items at ``indexes`` reuse an
+    idempotency key with a different request (``existing``: the execution each key names,
+    by index)."""
+
+    def __init__(self, indexes: list[int], existing: dict[int, uuid.UUID]) -> None:
+        super().__init__(f"idempotency keys reused with a different request at {indexes}")
+        self.indexes = indexes
+        self.existing = existing
+
+
 @dataclass(frozen=True, slots=True)
 class ListCursor:
     """Keyset position: the (created_at, id) of the last row of the previous page."""

@@ -35,8 +35,11 @@ ORDERS = "shop:orders/process.run"
 MONITOR = "shop:monitor/stock.run-cancellable"
 
 SCOPED: dict[tuple[str, str], Scope] = {
-    key: access for key, access in ROUTE_ACCESS.items() if isinstance(access, Scope)
+    key: access for key, access in ROUTE_ACCESS.items()
+    if isinstance(access, Scope) and key[1].startswith("/v1/")
 }
+"""The API's scoped routes; the dashboard's (under /ui) answer with pages, and
+tests/ui/test_actions.py checks their scopes."""
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -246,6 +249,8 @@ EXECUTION = "/v1/executions/{execution_id}"
 SAMPLES: dict[tuple[str, str], Sample] = {
     ("POST", "/v1/executions"): Sample(_fixed("/v1/executions",
                                               {"ffqn": ORDERS, "params": ["o", 2]}), 201),
+    ("POST", "/v1/executions/batch"): Sample(_fixed(
+        "/v1/executions/batch", {"items": [{"ffqn": ORDERS, "params": ["o", 2]}]}), 201),
     ("GET", "/v1/executions"): Sample(_fixed("/v1/executions"), 200),
     ("GET", EXECUTION): Sample(_on(""), 200),
     ("GET", f"{EXECUTION}/history"): Sample(_on("/history"), 200),
@@ -328,7 +333,8 @@ async def _answer(store: Store, route: tuple[str, str], scope: Scope) -> tuple[
                                deployment_id=DEPLOYMENT, max_payload_bytes=MAX_PAYLOAD)
     value = await token(store, scope)
     path, body = await SAMPLES[route].make(service)
-    ident = path.split("/")[3] if path.startswith("/v1/executions/") else None
+    ident = (path.split("/")[3] if path.startswith("/v1/executions/")
+             and path != "/v1/executions/batch" else None)
     before = await store.execution_get(uuid.UUID(ident)) if ident else None
     count = await count_executions(store)
     transport = httpx.ASGITransport(app=make_api(store), raise_app_exceptions=False)

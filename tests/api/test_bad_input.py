@@ -191,6 +191,7 @@ async def test_bad_submissions_are_refused_and_write_nothing(
 # every endpoint that takes a body: (method, path with {id} for the seeded execution)
 BODY_ENDPOINTS = [
     ("POST", "/v1/executions"),
+    ("POST", "/v1/executions/batch"),
     ("POST", "/v1/executions/{id}/messages"),
     ("POST", "/v1/executions/{id}/complete"),
     ("POST", "/v1/executions/{id}/fail"),

@@ -15,8 +15,12 @@ import httpx
 from fastapi import FastAPI
 
 from tests.api.conftest import DEPLOYMENT, MAX_PAYLOAD
+from veracity.api import create_api
 from veracity.api.openapi import ROUTE_ERRORS, listed_errors
+from veracity.control import ExecutionService
+from veracity.examples import shop
 from veracity.models import Claim, NewExecution, WorkerInfo
+from veracity.runtime import shapes_of
 from veracity.store import Store, token_hash
 
 E = "/v1/executions/{execution_id}"
@@ -97,6 +101,27 @@ async def test_every_listed_error_is_answered_and_every_answer_listed(
     await call("POST", r, r, json={"ffqn": ORDERS, "params": [big]})
     await call("POST", r, r, content=b"ffqn=x",
                headers={"content-type": "application/x-www-form-urlencoded"})
+    # params checked against the workflow's signature, as a server does (its service knows
+    # the app's workflows' parameters; this test's shared one does not)
+    checking = create_api(ExecutionService(
+        store, workflows=set(shop.app.workflows), deployment_id=DEPLOYMENT,
+        max_payload_bytes=MAX_PAYLOAD, shapes=shapes_of(shop.app)),
+        max_payload_bytes=MAX_PAYLOAD)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=checking),
+                                 base_url="http://test") as strict:
+        seen.add("POST", r, await strict.post(r, json={"ffqn": ORDERS,
+                                                       "params": ["o", 1, 2, 3]}))
+    # a batch
+    b = "/v1/executions/batch"
+    await call("POST", b, b, json={"items": [{"ffqn": ORDERS, "params": ["o", 1]}]})
+    await call("POST", b, b, json={"items": [{"ffqn": ORDERS, "params": ["o", 3],
+                                              "idempotency_key": "k"}]})
+    await call("POST", b, b, json={"items": [{"ffqn": ORDERS, "params": [big]}]})
+    await call("POST", b, b, content=b"items=x",
+               headers={"content-type": "application/x-www-form-urlencoded"})
+    await call("POST", b, b, content=b"{")
+    await call("POST", b, b, json={"items": "x"})
+    await call("POST", b, b, json={"items": [{"ffqn": "x:y/z.w"}]})
     # list
     await call("GET", r, r, params={"cursor": "garbage"})
     await call("GET", r, r, params={"limit": 0})
@@ -110,6 +135,7 @@ async def test_every_listed_error_is_answered_and_every_answer_listed(
                                   (f"{E}/unpause", "/unpause", "PUT")]:
         await call(method, route, f"/v1/executions/not-an-id{suffix}")
         await call(method, route, f"/v1/executions/{UNKNOWN}{suffix}")
+    await call("GET", E, f"/v1/executions/{pending}", params={"wait": "61s"})
     await call("GET", f"{E}/history", f"/v1/executions/{pending}/history",
                params={"cursor": "x"})
     await call("GET", f"{E}/history", f"/v1/executions/{pending}/history", params={"limit": 0})

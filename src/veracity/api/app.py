@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import WithJsonSchema
+from pydantic import TypeAdapter, ValidationError, WithJsonSchema
 
 from veracity.api.auth import ROUTE_ACCESS, TokenAuth, check_routes, declare_security
 from veracity.api.docs import install_docs
@@ -22,6 +22,8 @@ from veracity.api.schemas import (
     LIST_VALUE_BYTES,
     AdoptOut,
     AdoptRequest,
+    BatchOut,
+    BatchRequest,
     CompleteRequest,
     CronOut,
     CronPage,
@@ -41,12 +43,14 @@ from veracity.api.schemas import (
     WorkerOut,
     WorkerPage,
 )
-from veracity.control import ExecutionService
+from veracity.config import parse_duration
+from veracity.control import MAX_BATCH, MAX_WAIT, ExecutionService, SubmitItem
 from veracity.core.requests import CallbackReport
 from veracity.core.states import Status
-from veracity.errors import BadRequest, InvalidInput
+from veracity.errors import BadRequest, InvalidInput, PayloadTooLarge, VeracityError
 from veracity.models import ExecutionFilter
 from veracity.telemetry import HttpMetrics, Telemetry
+from veracity.ui.routes import install_dashboard
 
 STATUS_LIST = (r"^\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?"
                r"(?:,\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?)*$")
@@ -100,6 +104,28 @@ def _statuses(values: list[str] | None) -> tuple[Status, ...]:
                     f"unknown status {part!r} (one of {names})", code="invalid_status"
                 ) from None
     return tuple(out)
+
+
+_SUBMISSIONS = TypeAdapter(list[SubmitRequest])
+
+
+def _validation_text(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "item"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _wait_seconds(text: str) -> float:
+    try:
+        seconds = parse_duration(text.strip())
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_WAIT:
+        raise InvalidInput(f"wait must be a duration from 0 to {MAX_WAIT:g} s (30s, 1.5s, "
+                           f"500ms, or seconds), not {text[:40]!r}", code="invalid_wait")
+    return seconds
 
 
 def create_api(
@@ -203,6 +229,47 @@ def create_api(
             response.status_code = 200
         return ExecutionOut.of(execution)
 
+    @app.post(
+        "/v1/executions/batch",
+        status_code=201,
+        response_model=BatchOut,
+        responses={200: {"model": BatchOut, "description": "Nothing created: every item's "
+                                                           "idempotency key named an "
+                                                           "execution already"}},
+    )
+    async def submit_batch(body: BatchRequest, service: Service) -> Response:
+        """Up to 1,000 submissions in one transaction, answered in order. Each item is
+        what POST /v1/executions takes, with its own idempotency key (a key repeated in the
+        batch answers the first one's execution). Nothing is written when the batch has
+        more than 1,000 items or a body over max_payload_bytes (413), any bad item (422
+        invalid_batch, error.items listing each by index with its code and message), or
+        a key used before for a different request (409 idempotency_conflict, the same
+        way)."""
+        if len(body.items) > MAX_BATCH:
+            raise PayloadTooLarge(f"a batch takes at most {MAX_BATCH:,} submissions; this "
+                                  f"one has {len(body.items):,}")
+        items: list[SubmitItem] = []
+        refused: dict[int, VeracityError] = {}
+        try:  # all at once; item by item only to name the bad ones
+            items = [SubmitItem(one.ffqn, one.params, one.idempotency_key, one.scheduled_at,
+                                one.paused) for one in _SUBMISSIONS.validate_python(body.items)]
+        except ValidationError:
+            for index, raw in enumerate(body.items):
+                try:
+                    one = SubmitRequest.model_validate(raw)
+                except ValidationError as exc:
+                    refused[index] = InvalidInput(_validation_text(exc), code="invalid_input")
+                    items.append(SubmitItem(""))
+                    continue
+                items.append(SubmitItem(one.ffqn, one.params, one.idempotency_key,
+                                        one.scheduled_at, one.paused))
+        done = await service.submit_prepared(service.prepare_many(items, refused))
+        answer = BatchOut.model_construct(items=[ExecutionOut.of(e) for e, _ in done],
+                                          created=[created for _, created in done])
+        # serialized here, once (FastAPI would validate the 1,000 items again first)
+        return Response(answer.model_dump_json(), media_type="application/json",
+                        status_code=201 if any(answer.created) else 200)
+
     @app.get("/v1/executions", response_model=ExecutionPage, )
     async def list_executions(
         service: Service,
@@ -237,8 +304,17 @@ def create_api(
         )
 
     @app.get("/v1/executions/{execution_id}", response_model=ExecutionOut, )
-    async def get_execution(execution_id: ExecutionId, service: Service) -> ExecutionOut:
-        execution = await service.get(execution_id)
+    async def get_execution(
+        execution_id: ExecutionId, service: Service,
+        wait: Annotated[str | None, Query(
+            max_length=32, description="Long poll: answer as soon as the execution is "
+            "terminal, or with its current state after this long (0 to 60 s: 30s, 1.5s, "
+            "500ms, or a number of seconds); out of range: 422 invalid_wait")] = None,
+    ) -> ExecutionOut:
+        if wait is None:
+            execution = await service.get(execution_id)
+        else:
+            execution = await service.wait(execution_id, _wait_seconds(wait))
         waiting = await service.waiting_reasons([execution])
         return ExecutionOut.of(execution, waiting.get(execution.id))
 
@@ -399,6 +475,7 @@ def create_api(
         return HistoryPage(items=[HistoryItem.of(e) for e in page],
                            next_cursor=str(after) if after is not None else None)
 
+    install_dashboard(app, auth_required=auth_required)  # /ui (docs/dashboard.md)
     check_routes(app.router.routes, ROUTE_ACCESS)  # a route without its access is a bug
     declare_security(app, auth_required)
     secured = app.openapi

@@ -29,6 +29,7 @@ ROUTE_SUMMARIES: Mapping[tuple[str, str], str] = {
     ("GET", "/healthz"): "Check that the server and its database answer",
     ("GET", "/metrics"): "Prometheus metrics",
     ("POST", "/v1/executions"): "Submit an execution",
+    ("POST", "/v1/executions/batch"): "Submit up to 1,000 executions in one transaction",
     ("GET", "/v1/executions"): "List executions, newest first",
     ("GET", EXECUTION): "Get one execution",
     ("GET", f"{EXECUTION}/history"): "Read an execution's history",
@@ -55,10 +56,13 @@ ROUTE_ERRORS: Mapping[tuple[str, str], Mapping[int, tuple[str, ...]]] = {
     ("POST", "/v1/executions"): {
         **BODY, 409: ("idempotency_conflict",),
         422: ("malformed_json", "invalid_input", "invalid_ffqn", "unknown_workflow",
-              "invalid_time", "invalid_json", "invalid_idempotency_key")},
+              "invalid_params", "invalid_time", "invalid_json", "invalid_idempotency_key")},
+    ("POST", "/v1/executions/batch"): {
+        **BODY, 409: ("idempotency_conflict",),
+        422: ("malformed_json", "invalid_input", "invalid_batch")},
     ("GET", "/v1/executions"): {
         400: ("invalid_cursor",), 422: ("invalid_input", "invalid_status", "invalid_time")},
-    ("GET", EXECUTION): _ID,
+    ("GET", EXECUTION): {**_ID, 422: ("invalid_wait",)},
     ("GET", f"{EXECUTION}/history"): {
         400: ("invalid_id", "invalid_cursor"), 404: ("not_found",), 422: ("invalid_input",)},
     ("PUT", f"{EXECUTION}/cancel"): {**_ID, 409: ("not_cancellable",)},

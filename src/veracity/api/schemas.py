@@ -71,6 +71,14 @@ class SubmitRequest(BaseModel):
     paused: bool = Field(default=False, description="Submit on hold (status paused)")
 
 
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[Any] = Field(
+        description="Up to 1,000 submissions, each as the body of POST /v1/executions "
+                    "({ffqn, params?, idempotency_key?, scheduled_at?, paused?})")
+
+
 class MessageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -194,7 +202,9 @@ class ExecutionOut(BaseModel):
                 if size > elide_over:
                     elided[name] = size
                     values[name] = None
-        return cls(
+        # constructed, not validated: every value comes typed from the store's Execution
+        # (a batch answers 1,000 of them)
+        return cls.model_construct(
             id=str(e.id),
             ffqn=e.ffqn,
             params=values["params"],
@@ -232,6 +242,13 @@ class ExecutionOut(BaseModel):
 class ExecutionPage(BaseModel):
     items: list[ExecutionOut]
     next_cursor: str | None
+
+
+class BatchOut(BaseModel):
+    items: list[ExecutionOut] = Field(description="The executions, in the order submitted")
+    created: list[bool] = Field(
+        description="For each item: created now (false: its idempotency key named an "
+                    "execution already, submitted before or earlier in the batch)")
 
 
 class HistoryItem(BaseModel):

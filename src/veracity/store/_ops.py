@@ -30,6 +30,7 @@ from veracity.core.waiting import parked_reason
 from veracity.models import (
     JSON,
     Adopted,
+    BatchConflict,
     CallbackResult,
     Claim,
     ControlResult,
@@ -39,11 +40,13 @@ from veracity.models import (
     DeploymentRecord,
     DeploymentSummary,
     Execution,
+    HistoryEvent,
     Interrupt,
     Message,
     NewExecution,
     ReconcileAction,
     Recovered,
+    Submitted,
     Taken,
     TransitionResult,
     WaitRecord,
@@ -110,6 +113,11 @@ def execution_from(row: Row) -> Execution:
         retry_of=row["retry_of"],
         started_at=row["started_at"],
     )
+
+
+def event_from(row: Row) -> HistoryEvent:
+    return HistoryEvent(execution_id=row["execution_id"], seq=row["seq"], kind=row["kind"],
+                        at=row["at"], data=row["data"])
 
 
 def message_from(row: Row) -> Message:
@@ -344,7 +352,7 @@ def _stop_cancel(claim: Claim, seq: int, now: datetime | None) -> Op:
 
 
 def retry(old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
-          actor: str | None, now: datetime | None) -> Op:
+          actor: str | None, now: datetime | None, *, reason: str | None = None) -> Op:
     """A new execution retrying a failed one: pending, linked to it (``retry_of``), with the
     failed one's ``replayed`` journal events copied into its history after its ``pending``
     event, so that its run replays them. The failed execution is left unchanged. Refused
@@ -361,10 +369,10 @@ def retry(old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JS
         "deployment_id": new.deployment_id, "retry_of": old_id, "now": now,
         "history_seq": 1 + len(replayed)})
     created = execution_from(rows[0])
-    events: list[tuple[str, JSON]] = [("pending", {
+    events: list[tuple[str, JSON]] = [("pending", _with_reason({
         "ffqn": created.ffqn, "params": created.params,
         "deployment_id": created.deployment_id, "retry_of": str(old_id), "by": actor,
-        "replays": len(replayed)}), *replayed]
+        "replays": len(replayed)}, reason)), *replayed]
     yield from _events(created.id, 0, events, now)
     return ControlResult(created, changed=True)
 
@@ -448,7 +456,8 @@ def wake_due(limit: int, now: datetime | None) -> Op:
 
 
 def send_message(execution_id: uuid.UUID, topic: str, payload: JSON,
-                 now: datetime | None) -> Op:
+                 now: datetime | None, *, actor: str | None = None,
+                 reason: str | None = None) -> Op:
     row = yield from _lock(execution_id)
     if row is None:
         return ControlResult(None)
@@ -467,15 +476,25 @@ def send_message(execution_id: uuid.UUID, topic: str, payload: JSON,
         "events": 2 if wake else 1,
         "from_states": _names(sources_of(Status.PENDING, among=[Status.BLOCKED])),
     })
-    events: list[tuple[str, JSON]] = [
-        ("message_arrived", {"message_id": message.id, "topic": topic})]
+    arrived: dict[str, JSON] = {"message_id": message.id, "topic": topic}
+    if actor is not None:
+        arrived["by"] = actor
+    events: list[tuple[str, JSON]] = [("message_arrived", _with_reason(arrived, reason))]
     if wake:
         events.append(("pending", {"reason": "message arrived", "topic": topic}))
     yield from _events(execution_id, current.history_seq, events, now)
     return ControlResult(execution_from(rows[0]), changed=True, message=message)
 
 
-def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def _with_reason(data: dict[str, JSON], reason: str | None) -> dict[str, JSON]:
+    """An operator's written reason goes into the event, when one was given."""
+    if reason is not None:
+        data["reason"] = reason
+    return data
+
+
+def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None, *,
+           reason: str | None = None) -> Op:
     """Request cancellation of an execution and, recursively, of its cancellable children;
     record cancelled at once whatever is not running and has no unfinished children. The
     caller has checked that the root's name ends in -cancellable."""
@@ -485,12 +504,13 @@ def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> 
     root = execution_from(row)
     if root.status.is_terminal:
         return ControlResult(root)
-    marked = yield from _cancel_subtree(execution_id, actor, now)
+    marked = yield from _cancel_subtree(execution_id, actor, now, reason)
     after = yield from _get(execution_id)
     return ControlResult(after, changed=bool(marked))
 
 
-def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | None,
+                    reason: str | None = None) -> Op:
     """Mark the execution and its cancellable descendants cancel-requested, then record
     cancelled whatever is not running and has no unfinished children."""
     rows = yield Query("execution_cancel_mark", {
@@ -498,8 +518,8 @@ def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | 
     })
     marked = [execution_from(r) for r in rows]
     for e in marked:
-        yield from _events(e.id, e.history_seq - 1, [("cancel_requested", {
-            "by": actor, "root": str(execution_id)})], now)
+        yield from _events(e.id, e.history_seq - 1, [("cancel_requested", _with_reason({
+            "by": actor, "root": str(execution_id)}, reason))], now)
     # settle bottom-up: whatever is not running and has no open children ends now; the
     # trigger records each parent cancelled once its last child has ended
     while True:
@@ -518,7 +538,8 @@ def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | 
     return marked
 
 
-def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None, *,
+          reason: str | None = None) -> Op:
     row = yield from _lock(execution_id)
     if row is None:
         return ControlResult(None)
@@ -535,27 +556,28 @@ def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> O
         return ControlResult(current)
     if current.status == Status.RUNNING:
         rows = yield Query("execution_request_pause", {"id": execution_id, "now": now})
-        yield from _events(execution_id, current.history_seq, [("pause_requested", {
-            "by": actor})], now)
+        yield from _events(execution_id, current.history_seq, [("pause_requested", _with_reason({
+            "by": actor}, reason))], now)
         return ControlResult(execution_from(rows[0]), changed=True)
     rows = yield Query("execution_pause", {
         "id": execution_id, "now": now,
         "from_states": _names(sources_of(Status.PAUSED, among=[Status.PENDING, Status.BLOCKED])),
     })
-    yield from _events(execution_id, current.history_seq, [("paused", {
-        "by": actor, "from": str(current.status)})], now)
+    yield from _events(execution_id, current.history_seq, [("paused", _with_reason({
+        "by": actor, "from": str(current.status)}, reason))], now)
     return ControlResult(execution_from(rows[0]), changed=True)
 
 
-def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None, *,
+            reason: str | None = None) -> Op:
     row = yield from _lock(execution_id)
     if row is None:
         return ControlResult(None)
     current = execution_from(row)
     if current.status == Status.RUNNING and current.pause_requested_at is not None:
         rows = yield Query("execution_withdraw_pause", {"id": execution_id, "now": now})
-        yield from _events(execution_id, current.history_seq, [("pause_withdrawn", {
-            "by": actor})], now)
+        yield from _events(execution_id, current.history_seq, [("pause_withdrawn", _with_reason({
+            "by": actor}, reason))], now)
         return ControlResult(execution_from(rows[0]), changed=True)
     if current.status != Status.PAUSED:
         return ControlResult(current, refused=f"execution is {current.status}, not paused")
@@ -565,7 +587,7 @@ def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) ->
     })
     updated = execution_from(rows[0])
     yield from _events(execution_id, current.history_seq, [(str(updated.status), {
-        "by": actor, "reason": "unpaused"})], now)
+        "by": actor, "reason": "unpaused" if reason is None else f"unpaused: {reason}"})], now)
     return ControlResult(updated, changed=True)
 
 
@@ -804,6 +826,28 @@ def status_counts() -> Op:
     return {str(r["status"]): int(r["n"]) for r in rows}
 
 
+def counts_in(statuses: list[str]) -> Op:
+    rows = yield Query("execution_counts_in", {"statuses": statuses})
+    return {str(r["status"]): int(r["n"]) for r in rows}
+
+
+def children_of(parent_ids: list[uuid.UUID], limit: int) -> Op:
+    rows = yield Query("execution_children_of", {"parent_ids": parent_ids, "limit": limit})
+    return [execution_from(r) for r in rows]
+
+
+def history_of_kinds(execution_id: uuid.UUID, kinds: list[str], after_seq: int,
+                     limit: int) -> Op:
+    rows = yield Query("history_list_kinds", {
+        "id": execution_id, "kinds": kinds, "after_seq": after_seq, "limit": limit})
+    return [event_from(r) for r in rows]
+
+
+def history_kinds(execution_id: uuid.UUID) -> Op:
+    rows = yield Query("history_kind_counts", {"id": execution_id})
+    return {str(r["kind"]): int(r["n"]) for r in rows}
+
+
 def resolve(execution_id: uuid.UUID, action: ResolveAction, external_id: str | None, reason: str,
             actor: str, unconfirmed: str | None, expected_external_id: str | None,
             now: datetime | None) -> Op:
@@ -1023,3 +1067,66 @@ def waits_from(ids: Sequence[uuid.UUID], events: Sequence[Row], children: Sequen
             r["join_set"], (int(r["n"]), []))
         first.append(r["id"])
     return out
+# -- batch submission ------------------------------------------------------------------------
+
+
+def submit_many(items: Sequence[NewExecution], now: datetime | None) -> Op:
+    """A batch of submissions in a fixed number of statements: insert every item whose key
+    is new to the batch (a key stored already, committed or not, is waited for and
+    skipped), their first events, and read what the keys skipped name. Each item is
+    answered in order; a key reused with a different request refuses the whole batch
+    (:class:`BatchConflict`, raised inside the transaction: nothing is written)."""
+    first: dict[str, int] = {}
+    inserting: list[NewExecution] = []
+    for i, new in enumerate(items):
+        if new.parent_id is not None or new.join_set is not None or new.retry_of is not None:
+            raise ValueError("a batch submits top-level executions only")
+        if new.idempotency_key is not None:
+            if new.idempotency_key in first:
+                continue
+            first[new.idempotency_key] = i
+        inserting.append(new)
+    rows = yield Query("execution_submit_many", {"now": now, "rows": JsonParam([
+        {"id": str(n.id), "ffqn": n.ffqn, "params": n.params, "paused": n.paused,
+         "deployment_id": n.deployment_id, "idempotency_key": n.idempotency_key,
+         "request_digest": n.request_digest, "scheduled_at": n.scheduled_at}
+        for n in inserting])})
+    inserted = {r["id"]: execution_from(r) for r in rows}
+    if inserted:  # their first events, made from the rows (as execution_submit makes one)
+        yield Query("history_of_submitted", {"ids": list(inserted)})
+    by_id: dict[uuid.UUID, Row] = {}
+    by_key: dict[str, Row] = {}
+    skipped = [n for n in inserting if n.id not in inserted]
+    if skipped:
+        # a key stored before; or this very insert, committed before a lost connection
+        # made the driver run it again
+        found = yield Query("execution_by_keys_or_ids", {
+            "keys": [n.idempotency_key for n in skipped if n.idempotency_key is not None],
+            "ids": [n.id for n in skipped]})
+        for r in found:
+            by_id[r["id"]] = r
+            if r["idempotency_key"] is not None:
+                by_key[r["idempotency_key"]] = r
+    answers: list[Submitted] = []
+    conflicts: dict[int, uuid.UUID] = {}
+    for i, new in enumerate(items):
+        key = new.idempotency_key
+        if key is not None and first[key] != i:  # a key earlier in the batch
+            earlier = answers[first[key]]
+            answer = Submitted(earlier.execution, False, earlier.request_digest)
+        elif new.id in inserted:
+            answer = Submitted(inserted[new.id], True, new.request_digest)
+        elif new.id in by_id:
+            answer = Submitted(execution_from(by_id[new.id]), True,
+                               by_id[new.id]["request_digest"])
+        elif key is not None and key in by_key:
+            answer = Submitted(execution_from(by_key[key]), False,
+                               by_key[key]["request_digest"])
+        else:  # pragma: no cover - a row that conflicted cannot vanish (no deletes)
+            raise RuntimeError("insert conflict without an existing execution")
+        if not answer.created and answer.request_digest != new.request_digest:
+            conflicts[i] = answer.execution.id
+        answers.append(answer)
+    if conflicts:
+        raise BatchConflict(sorted(conflicts), conflicts)
+    return answers

@@ -47,7 +47,7 @@ from veracity.worker.errors import (
     NotJSONError,
     StepFailed,
 )
-from veracity.worker.http import HttpClient, digestible, step_scope
+from veracity.worker.http import digestible, step_scope
 from veracity.worker.journal import (
     CHILD_SUBMITTED,
     JOIN_NEXT,
@@ -77,6 +77,7 @@ from veracity.worker.journal import (
 if TYPE_CHECKING:
     from veracity.store.protocol import JournalStore
     from veracity.telemetry import Telemetry
+    from veracity.worker._http_client import HttpClient
 
 __all__ = [
     "CHILD_SUBMITTED",

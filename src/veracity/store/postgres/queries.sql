@@ -1,5 +1,11 @@
 -- PostgreSQL queries of the store. Parameters are psycopg's %(name)s; %(now)s is the
 -- injected clock's time, NULL in production so that the database's now() rules.
+--
+-- Every statement that can end an execution also notifies channel veracity_ended for each
+-- row it ended (its `ended_note` column; identical notifications of one transaction are
+-- folded into one, sent at commit): what answers GET /v1/executions/{id}?wait= wakes on
+-- it (veracity/waiting.py). The trigger veracity_child_finished may end a parent in the
+-- same transaction as its child, whose end notifies.
 
 -- name: migrations_lock
 SELECT pg_advisory_xact_lock(%(key)s)
@@ -46,6 +52,42 @@ WITH ins AS (
     FROM ins
 )
 SELECT * FROM ins
+
+-- name: execution_submit_many
+-- rows [{id, ffqn, params, paused, deployment_id, idempotency_key, request_digest,
+-- scheduled_at}]: a batch of submissions (history_of_submitted writes their events). A
+-- key that exists is skipped (ON CONFLICT waits for its inserter to commit); rows in key
+-- order, so that batches sharing keys wait for each other instead of deadlocking.
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, paused_from, attempt, deployment_id, idempotency_key,
+    request_digest, scheduled_at, created_at, updated_at, history_seq)
+SELECT r.id, r.ffqn, r.params,
+       CASE WHEN r.paused THEN 'paused' ELSE 'pending' END,
+       CASE WHEN r.paused THEN 'pending' END,
+       1, r.deployment_id, r.idempotency_key, r.request_digest,
+       coalesce(r.scheduled_at, %(now)s::timestamptz, now()),
+       coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1
+FROM json_to_recordset(%(rows)s::json) AS r (
+    id uuid, ffqn text, params json, paused boolean, deployment_id text,
+    idempotency_key text, request_digest text, scheduled_at timestamptz)
+ORDER BY r.idempotency_key
+ON CONFLICT DO NOTHING
+RETURNING *
+
+-- name: history_of_submitted
+-- the first events of executions a batch inserted, with the data execution_submit gives
+-- its one
+INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+SELECT id, 1, status, created_at, json_build_object(
+    'ffqn', ffqn, 'params', params, 'deployment_id', deployment_id,
+    'scheduled_at', scheduled_at, 'parent_id', parent_id, 'join_set', join_set,
+    'idempotency_key', idempotency_key)
+FROM veracity_executions
+WHERE id = ANY (%(ids)s::uuid[])
+
+-- name: execution_by_keys_or_ids
+SELECT * FROM veracity_executions
+WHERE idempotency_key = ANY (%(keys)s::text[]) OR id = ANY (%(ids)s::uuid[])
 
 -- name: execution_by_key_or_id
 SELECT * FROM veracity_executions
@@ -162,7 +204,9 @@ WITH input AS (
     INSERT INTO veracity_history (execution_id, seq, kind, at, data)
     SELECT id, history_seq, status, updated_at, event FROM upd
 )
-SELECT * FROM upd
+SELECT *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
+FROM upd
 
 -- name: execution_late_report
 -- A write that lost the race is kept in history; the status is never touched.
@@ -236,7 +280,8 @@ WHERE e.id = r.id
   AND e.lease_owner = r.owner
   AND e.lease_epoch = r.epoch
   AND e.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
-RETURNING e.*
+RETURNING e.*, (CASE WHEN e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: worker_register
 -- the worker, and its deployment in the registry (first seen now, or seen again)
@@ -428,7 +473,8 @@ UPDATE veracity_executions SET
     updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
-RETURNING *
+RETURNING *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_signal
 SELECT signal_seq FROM veracity_executions WHERE id = %(id)s
@@ -500,7 +546,8 @@ WHERE e.id = tree.id
   AND e.status = ANY (%(from_states)s::text[])
   AND NOT EXISTS (SELECT 1 FROM veracity_executions AS c
                   WHERE c.parent_id = e.id AND c.status <> ALL (%(terminal)s::text[]))
-RETURNING e.*
+RETURNING e.*, (CASE WHEN e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_request_pause
 UPDATE veracity_executions SET
@@ -592,7 +639,8 @@ UPDATE veracity_executions SET
     updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
-RETURNING *
+RETURNING *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_external_running
 SELECT * FROM veracity_executions
@@ -637,7 +685,8 @@ UPDATE veracity_executions AS e SET
     history_seq = e.history_seq + 1
 FROM json_to_recordset(%(rows)s::json) AS r (id uuid, to_status text, error json)
 WHERE e.id = r.id AND e.status = ANY (%(from_states)s::text[])
-RETURNING e.id
+RETURNING e.id, (CASE WHEN e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_flag_many
 -- flags of one page of looks, rows [{id, reason, kind}]
@@ -681,7 +730,8 @@ UPDATE veracity_executions SET
     updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
-RETURNING *
+RETURNING *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_flag_note
 -- more about why an execution is on the flagged list (a late report that concerns it)
@@ -843,3 +893,35 @@ SELECT parent_id, join_set, id, n FROM (
 ) c
 WHERE rn <= %(shown)s
 ORDER BY parent_id, join_set, created_at, id
+
+-- name: execution_ended_among
+-- which of these executions have ended
+SELECT id FROM veracity_executions
+WHERE id = ANY (%(ids)s::uuid[])
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+
+-- ---------------------------------------------------------------------------------------
+-- The dashboard's reads (docs/dashboard.md)
+
+-- name: execution_counts_in
+SELECT status, count(*) AS n FROM veracity_executions
+WHERE status = ANY (%(statuses)s::text[])
+GROUP BY status
+
+-- name: execution_children_of
+SELECT * FROM veracity_executions
+WHERE parent_id = ANY (%(parent_ids)s::uuid[])
+ORDER BY parent_id, created_at, id
+LIMIT %(limit)s
+
+-- name: history_list_kinds
+SELECT * FROM veracity_history
+WHERE execution_id = %(id)s AND seq > %(after_seq)s AND kind = ANY (%(kinds)s::text[])
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: history_kind_counts
+SELECT kind, count(*) AS n FROM veracity_history
+WHERE execution_id = %(id)s
+GROUP BY kind
+ORDER BY kind

@@ -68,6 +68,7 @@ MIGRATION_LOCK_KEY = 0x7665726163697479
 Row = Mapping[str, Any]
 log = logging.getLogger("veracity.store")
 NOTIFY_CHANNEL = "veracity_pending"
+ENDED_CHANNEL = "veracity_ended"
 INTERRUPT_CHANNEL = "veracity_interrupt"
 RETRIES = 3  # attempts after a lost connection
 
@@ -605,6 +606,38 @@ class PostgresStore(SharedMethods):
                     # closing ends the session, and with it every lock it held
                     log.warning("could not release the %s lock; closing its connection", name,
                                 extra={"domain": name})
+            await conn.close()
+
+    async def execution_ended_among(self, ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        if not ids:
+            return set()
+        rows = await self._fetchall("execution_ended_among", {"ids": list(ids)})
+        return {row["id"] for row in rows}
+
+    @asynccontextmanager
+    async def ended_signals(self, wake: Callable[[], None]
+                            ) -> AsyncIterator[Callable[[], bool]]:
+        conn = await psycopg.AsyncConnection.connect(
+            self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+
+        async def listen() -> None:
+            try:
+                async for _ in conn.notifies():
+                    wake()
+            finally:
+                wake()  # the caller checks now, and finds the signals lost
+
+        try:
+            await conn.execute(f"LISTEN {ENDED_CHANNEL}")
+            reader = asyncio.create_task(listen(), name="veracity-ended-listen")
+        except BaseException:
+            await conn.close()
+            raise
+        try:
+            yield lambda: not reader.done()
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
             await conn.close()
 
     async def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:

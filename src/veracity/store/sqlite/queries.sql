@@ -33,6 +33,43 @@ RETURNING *
 INSERT INTO veracity_history (execution_id, seq, kind, at, data)
 VALUES (:execution_id, :seq, :kind, :at, :data)
 
+-- name: execution_submit_many
+-- rows [{id, ffqn, params, paused, deployment_id, idempotency_key, request_digest,
+-- scheduled_at}]: a batch of submissions (history_of_submitted writes their events);
+-- a key that exists is skipped
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, paused_from, attempt, deployment_id, idempotency_key,
+    request_digest, scheduled_at, created_at, updated_at, history_seq)
+SELECT json_extract(value, '$.id'), json_extract(value, '$.ffqn'),
+       json_extract(value, '$.params'),
+       CASE WHEN json_extract(value, '$.paused') THEN 'paused' ELSE 'pending' END,
+       CASE WHEN json_extract(value, '$.paused') THEN 'pending' END,
+       1, json_extract(value, '$.deployment_id'), json_extract(value, '$.idempotency_key'),
+       json_extract(value, '$.request_digest'),
+       coalesce(json_extract(value, '$.scheduled_at'), :now), :now, :now, 1
+FROM json_each(:rows) WHERE true
+ON CONFLICT DO NOTHING
+RETURNING *
+
+-- name: history_of_submitted
+-- the first events of executions a batch inserted, with the data execution_submit gives
+-- its one (scheduled_at as Python's isoformat writes a UTC time: microseconds only when
+-- there are any)
+INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+SELECT id, 1, status, created_at, json_object(
+    'ffqn', ffqn, 'params', json(params), 'deployment_id', deployment_id,
+    'scheduled_at', strftime('%Y-%m-%dT%H:%M:%S', scheduled_at / 1000000, 'unixepoch')
+        || CASE WHEN scheduled_at % 1000000 = 0 THEN ''
+                ELSE printf('.%06d', scheduled_at % 1000000) END || '+00:00',
+    'parent_id', parent_id, 'join_set', join_set, 'idempotency_key', idempotency_key)
+FROM veracity_executions
+WHERE id IN (SELECT value FROM json_each(:ids))
+
+-- name: execution_by_keys_or_ids
+SELECT * FROM veracity_executions
+WHERE idempotency_key IN (SELECT value FROM json_each(:keys))
+   OR id IN (SELECT value FROM json_each(:ids))
+
 -- name: execution_by_key_or_id
 SELECT * FROM veracity_executions
 WHERE idempotency_key = :idempotency_key OR id = :id
@@ -711,3 +748,36 @@ SELECT parent_id, join_set, id, n FROM (
 ) c
 WHERE rn <= :shown
 ORDER BY parent_id, join_set, created_at, id
+
+-- name: execution_ended_among
+-- which of these executions have ended
+SELECT id FROM veracity_executions
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+
+-- ---------------------------------------------------------------------------------------
+-- The dashboard's reads (docs/dashboard.md)
+
+-- name: execution_counts_in
+SELECT status, count(*) AS n FROM veracity_executions
+WHERE status IN (SELECT value FROM json_each(:statuses))
+GROUP BY status
+
+-- name: execution_children_of
+SELECT * FROM veracity_executions
+WHERE parent_id IN (SELECT value FROM json_each(:parent_ids))
+ORDER BY parent_id, created_at, id
+LIMIT :limit
+
+-- name: history_list_kinds
+SELECT * FROM veracity_history
+WHERE execution_id = :id AND seq > :after_seq
+  AND kind IN (SELECT value FROM json_each(:kinds))
+ORDER BY seq
+LIMIT :limit
+
+-- name: history_kind_counts
+SELECT kind, count(*) AS n FROM veracity_history
+WHERE execution_id = :id
+GROUP BY kind
+ORDER BY kind

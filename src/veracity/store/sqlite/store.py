@@ -201,12 +201,18 @@ def _require_database(path: Path) -> None:
     if found is None:
         raise ConfigError(f"{path} holds no Veracity database; {hint}")
 
+_COMMIT_HOOKS: dict[Path, set[Callable[[], None]]] = {}
+"""By database file: what to call after each commit of a store of this process on it
+(``SqliteStore.ended_signals``)."""
+
+
 class SqliteStore(SharedMethods):
     backend = "sqlite"
     supports_notifications = False
 
     def __init__(self, path: Path, clock: Clock) -> None:
         self._path = path
+        self._resolved = path.resolve()
         self._clock = clock
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="veracity-sqlite")
         self._conn: sqlite3.Connection | None = None
@@ -271,6 +277,10 @@ class SqliteStore(SharedMethods):
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        hooks = _COMMIT_HOOKS.get(self._resolved)
+        if hooks:
+            for hook in list(hooks):
+                hook()
         return out
 
     def _now_us(self, conn: sqlite3.Connection) -> int:
@@ -695,6 +705,34 @@ class SqliteStore(SharedMethods):
                 return stop.value
 
         return await self._run(self._write, work)
+
+    async def execution_ended_among(self, ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        if not ids:
+            return set()
+        rows = await self._run(self._all, "execution_ended_among",
+                               {"ids": _dumps([str(i) for i in ids])})
+        return {uuid.UUID(row["id"]) for row in rows}
+
+    @asynccontextmanager
+    async def ended_signals(self, wake: Callable[[], None]
+                            ) -> AsyncIterator[Callable[[], bool]]:
+        # SQLite has no notifications: every commit of this process's stores on the file
+        # wakes the caller, which checks (writers of other processes are not seen)
+        loop = asyncio.get_running_loop()
+
+        def committed() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(wake)
+
+        key = self._path.resolve()
+        _COMMIT_HOOKS.setdefault(key, set()).add(committed)
+        try:
+            yield lambda: True
+        finally:
+            hooks = _COMMIT_HOOKS.get(key, set())
+            hooks.discard(committed)
+            if not hooks:
+                _COMMIT_HOOKS.pop(key, None)
 
     async def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
         raise NotImplementedError("SQLite has no notifications; workers learn at heartbeat")
