@@ -172,8 +172,14 @@ async def reconcile_workers(
         async with gate:
             await action
 
-    await asyncio.gather(*(gated(_cancel(http, base, r.id)) for r in decided.cancel),
-                         *(gated(_pause(http, base, i)) for i in decided.pause))
+    # every request is made, whatever the others' fate (a later run then has less to
+    # repair); the first failure fails the step once they have all ended
+    outcomes = await asyncio.gather(
+        *(gated(_cancel(http, base, r.id)) for r in decided.cancel),
+        *(gated(_pause(http, base, i)) for i in decided.pause), return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
     return {"deployment_id": current, "kept": decided.keep, "start": list(decided.start),
             "cancelled": len(decided.cancel), "paused": len(decided.pause)}
 

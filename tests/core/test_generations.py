@@ -4,7 +4,9 @@ deployments, three workflows and both request flags checked against what the tab
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -155,6 +157,53 @@ def test_the_managed_name_must_be_cancellable() -> None:
 def test_a_negative_key_index_is_refused() -> None:
     with pytest.raises(ValueError, match="key_index"):
         decide([], ["A"], key_index=-1)
+
+
+def test_an_execution_listed_twice_is_decided_once() -> None:
+    kept = obs("1", "A")
+    got = decide([kept, obs("0", "A", at=-1), kept, obs("L", ffqn=LEGACY), obs("L", ffqn=LEGACY)],
+                  ["A"])
+    assert got == Plan(keep={"A": "1"}, cancel=(Retirement("0", "A", Reason.DUPLICATE),),
+                       pause=("L",))
+
+
+def test_an_observation_has_no_request_unless_it_says_so() -> None:
+    plain = Observed(id="1", ffqn=MANAGED, deployment_id="d2", params=["A"], created_at=T0)
+    assert (plain.status, plain.cancel_requested, plain.pause_requested) == (
+        "pending", False, False)
+    assert decide([plain], ["A"]) == Plan(keep={"A": "1"})
+    legacy = Observed(id="L", ffqn=LEGACY, deployment_id="d2", params=["A"], created_at=T0)
+    assert decide([legacy], []) == Plan(pause=("L",))
+
+
+def test_the_decision_values_are_immutable() -> None:
+    values: list[tuple[object, str]] = [
+        (obs("1"), "id"), (Plan(), "start"), (Retirement("1", "A", Reason.DUPLICATE), "id")]
+    for value, name in values:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, "2")
+        assert not hasattr(value, "__dict__")  # slots: no stray attributes either
+
+
+def test_plan_takes_its_settings_by_name() -> None:
+    with pytest.raises(TypeError):
+        plan([], ["A"], "d2", MANAGED)  # type: ignore[call-arg]
+
+
+def test_a_long_value_is_shortened_in_messages() -> None:
+    long_params = ["x" * 200]
+    with pytest.raises(MissingKey) as refused:
+        key_of(obs("1", params=long_params), 1)
+    shown = repr(long_params)[:77] + "..."
+    assert f"its params {shown} have no element 1" in str(refused.value)
+    exactly = ["y" * 76]  # its repr is 80 characters: shown whole
+    assert len(repr(exactly)) == 80
+    with pytest.raises(MissingKey, match=re.escape(f"its params {exactly!r} have")):
+        key_of(obs("1", params=exactly), 1)
+    over = ["y" * 77]  # 81: shortened to 80
+    with pytest.raises(MissingKey) as refused:
+        key_of(obs("1", params=over), 1)
+    assert f"its params {repr(over)[:77]}... have" in str(refused.value)
 
 
 # -- every small case ----------------------------------------------------------------------

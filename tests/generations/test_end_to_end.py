@@ -2,7 +2,8 @@
 processes running examples/generations/ on each backend, driven and checked through the
 HTTP API with API tokens required: d1 with keys A and B starts two workers; a restart
 within d1 replaces nothing (same ids, a message sent after it is handled); d2 cancels the
-d1 workers (still listed) and starts two of its own; removing B retires its worker."""
+d1 workers (still listed) and starts two of its own; removing B retires its worker. The
+reconciler's API token appears in none of what was written."""
 
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def test_a_generation_change(tmp_path: Path, database_url: str) -> None:
     folder = tmp_path / "generations"
     port = copy_example(folder)
     token, admin = run_async(make_tokens(database_url))
-    env = base_env(database_url, port, VERACITY_SECRET_CONTROL_TOKEN=token)
+    env = base_env(database_url, port, VERACITY_SECRET_CONTROL_TOKEN=token,
+                   VERACITY_LOG_LEVEL="info")  # every line the servers log, to search
     headers = {"Authorization": f"Bearer {admin}"}
     with httpx.Client(timeout=10, headers=headers) as client:
         with server(folder, env, "d1", "--worker") as d1:
@@ -111,7 +113,9 @@ def test_a_generation_change(tmp_path: Path, database_url: str) -> None:
                            and e["data"]["result"] == "A handled 'hello'" for e in events)
 
             wait_for(handled, "worker A to handle the message", d1)
-            assert by_key(managed(client, d1.url), "blocked") == first
+            # and waits for the next one: the same executions, blocked again
+            wait_for(lambda: by_key(managed(client, d1.url), "blocked") == first,
+                     "worker A to wait again", d1)
             stop(d1)
 
         with server(folder, env, "d2", "--worker") as d2:
@@ -129,4 +133,16 @@ def test_a_generation_change(tmp_path: Path, database_url: str) -> None:
             cancelled = by_key(items, "cancelled")
             assert sorted(cancelled["B"]) == sorted(first["B"] + second["B"])
             assert cancelled["A"] == first["A"]
+
+            # the reconciler's token is nowhere in what it wrote: not in its runs' params,
+            # results or histories, nor in the servers' logs
+            runs = client.get(f"{d2.url}/v1/executions",
+                              params={"ffqn_prefix": RECONCILER, "limit": 100}).json()["items"]
+            assert len(runs) == 4
+            written = [str(runs)] + [client.get(f"{d2.url}/v1/executions/{run['id']}/history",
+                                                params={"limit": 1000}).text for run in runs]
+            assert all("reconcile_workers" in h for h in written[1:])
             stop(d2)
+        logs = [p.read_text() for p in folder.glob("*.log")]
+        assert len(logs) == 2 and all(logs)
+        assert not [text for text in written + logs if token in text]

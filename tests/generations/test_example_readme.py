@@ -145,6 +145,8 @@ def test_the_readme_walk_through(tmp_path: Path, request: pytest.FixtureRequest)
                     lambda out: re.search(r'message_received .*"payload": "hello"', out)
                     and re.search(r'step_completed .*"name": "service.handle"', out),
                     "the message to be received and handled")
+        shell.wait_api(BLOCKED, lambda page: sorted(i["id"] for i in page["items"]) == first,
+                       "the same workers to wait again")
         assert sorted(workers(shell.run(listing), "blocked")) == first
         stop(d1)
 

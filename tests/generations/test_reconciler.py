@@ -3,7 +3,8 @@ served on loopback with API tokens required, and a real worker, on each backend:
 reconcilers racing start a key twice and the next run keeps one per key; a legacy managed
 execution is paused, not cancelled; managed params without the key fail the run with a
 clear error and change nothing; a run cut short is repaired by the next; retiring an ended
-execution is a success; the example's scopes list, cancel and pause, and nothing else."""
+execution is a success; the deployment is the one the run's own record names; every page of
+the listing is read; the example's scopes list, cancel and pause, and nothing else."""
 
 from __future__ import annotations
 
@@ -58,6 +59,10 @@ async def serve(ctx: Context, key: str) -> str:
     await ctx.recv("work")
     return key
 
+
+PAGED = "test:gen/paged-reconciler.run"
+Generations(reconciler=PAGED, managed=WORKER, binding="control_plane",
+            desired_keys=DESIRED, page_size=2).register(app)
 
 app.workflow(WORKER)(serve)
 app.workflow(LEGACY)(serve)
@@ -224,3 +229,40 @@ async def test_the_examples_token_lists_cancels_and_pauses_and_nothing_else(
     assert (await service.get(target.id)).status == Status.CANCELLED
     assert (await service.get(legacy.id)).status == Status.PAUSED
     assert len(await store.execution_list(ExecutionFilter(), limit=100)) == 2  # none submitted
+
+
+async def test_the_deployment_is_the_one_its_own_execution_record_names(
+    store: Store, tmp_path: Path
+) -> None:
+    """Told by the API that it belongs to another deployment, the run treats every execution
+    of its own as older: the deployment comes from the record, not from anywhere else."""
+    async with served(store, tmp_path) as r:
+        DESIRED.keys = ["A"]
+        first = await r.reconcile()
+        assert first.result == "kept 0; started 1"
+        assert ("GET", f"/v1/executions/{first.id}") in r.seen
+        [mine] = await r.managed()  # created with the run's end (its status moves on)
+
+        async def elsewhere(scope: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+            if scope["method"] == "GET" and scope["path"].count("/") == 3 \
+                    and scope["path"] != f"/v1/executions/{mine.id}":
+                return 200, {"id": scope["path"].rsplit("/", 1)[1], "deployment_id": "d9"}
+            return None
+
+        r.gate.append(elsewhere)
+        assert (await r.reconcile()).result == "kept 0; started 1"
+        assert (await wait_status(store, mine.id, Status.CANCELLED)).deployment_id == CURRENT
+
+
+async def test_every_page_of_the_listing_is_read(store: Store, tmp_path: Path) -> None:
+    async with served(store, tmp_path) as r:
+        keys = ["A", "B", "C", "D", "E"]
+        DESIRED.keys = keys
+        old = [(await r.old.submit(WORKER, [k]))[0] for k in keys]
+        run, _ = await r.current.submit(PAGED, [])
+        done = await wait_status(store, run.id, Status.COMPLETED, Status.FAILED, timeout=20)
+        assert done.result == "kept 0; started 5", done.error
+        for e in old:
+            assert (await wait_status(store, e.id, Status.CANCELLED)).status == Status.CANCELLED
+        listings = [p for m, p in r.seen if m == "GET" and p == "/v1/executions"]
+        assert len(listings) == 3  # 5 executions, 2 a page

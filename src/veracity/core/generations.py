@@ -20,7 +20,8 @@ Per observed execution, in this order::
     managed, current deployment  newest of its key                     keep
     managed, current deployment  not the newest of its key             cancel (duplicate)
 
-"Newest" is the latest ``created_at``, then the greatest id (two executions created in the
+An execution listed twice is decided once. "Newest" is the latest ``created_at``, then the
+greatest id (two executions created in the
 same instant are still told apart, the same way by every run). A kept execution may be
 paused by an operator: it is still kept (nothing replaces it). Every desired key with no
 kept execution is started, in the order the keys were given (duplicates once).
@@ -154,7 +155,11 @@ def plan(observed: Sequence[Observed], desired: Iterable[Any], *, current_deploy
     managed: list[tuple[str, Observed]] = []
     pause: list[str] = []
     ignored: list[str] = []
+    listed: set[str] = set()
     for execution in observed:
+        if execution.id in listed:
+            continue  # listed twice (pages that moved under the listing): decided once
+        listed.add(execution.id)
         if execution.ffqn == managed_ffqn:
             managed.append((key_of(execution, key_index), execution))
         elif execution.ffqn == legacy:
