@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from veracity.core.deployments import Coverage, LiveWorker, is_live
+from veracity.core.ffqn import CANCELLABLE_SUFFIX
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
 from veracity.core.recovery import Expired, decide_recovery
 from veracity.core.requests import CallbackOutcome, CallbackReport, InterruptKind, ResolveAction
@@ -507,6 +508,36 @@ def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None, *,
     marked = yield from _cancel_subtree(execution_id, actor, now, reason)
     after = yield from _get(execution_id)
     return ControlResult(after, changed=bool(marked))
+
+
+def cancel_many(ids: Sequence[uuid.UUID], actor: str | None, now: datetime | None, *,
+                reason: str | None = None) -> Op:
+    """Cancel many executions in one transaction, each as :func:`cancel` would, answered in
+    the order of ``ids``: None for an id that does not exist, refused (code
+    ``not_cancellable``) for an unfinished execution whose name does not end in
+    -cancellable. Locked in id order (two batches never wait on each other in a cycle); a
+    repeated id is answered as its first occurrence."""
+    done: dict[uuid.UUID, ControlResult] = {}
+    for execution_id in sorted(set(ids)):
+        row = yield from _lock(execution_id)
+        if row is None:
+            done[execution_id] = ControlResult(None)
+            continue
+        current = execution_from(row)
+        if current.status.is_terminal:
+            done[execution_id] = ControlResult(current)
+            continue
+        if not current.ffqn.endswith(CANCELLABLE_SUFFIX):
+            done[execution_id] = ControlResult(
+                current, code="not_cancellable",
+                refused=f"{current.ffqn} cannot be cancelled (it is {current.status}): only "
+                        f"workflows whose name ends in {CANCELLABLE_SUFFIX} can; pause it "
+                        "instead")
+            continue
+        marked = yield from _cancel_subtree(execution_id, actor, now, reason)
+        after = yield from _get(execution_id)
+        done[execution_id] = ControlResult(after, changed=bool(marked))
+    return [done[i] for i in ids]
 
 
 def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | None,

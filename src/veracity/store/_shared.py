@@ -197,6 +197,15 @@ class SharedMethods:
             lambda: _ops.cancel(execution_id, actor, self._now(), reason=reason))
         return result
 
+    async def execution_cancel_many(
+        self, ids: Sequence[uuid.UUID], *, actor: str | None = None, reason: str | None = None
+    ) -> list[ControlResult]:
+        if not ids:
+            return []
+        result: list[ControlResult] = await self._op(
+            lambda: _ops.cancel_many(ids, actor, self._now(), reason=reason))
+        return result
+
     async def execution_pause(
         self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult:

@@ -378,6 +378,14 @@ class ControlStore(TokenStore, RetryWrites, DelegatedWrites, ReadStore, Protocol
         -cancellable children; record cancelled at once what is not running and has no
         unfinished children. A terminal execution is left unchanged."""
 
+    async def execution_cancel_many(
+        self, ids: Sequence[uuid.UUID], *, actor: str | None = None, reason: str | None = None
+    ) -> list[ControlResult]:
+        """Cancel each execution as :meth:`execution_cancel` would, all in one transaction,
+        answered in the order of ``ids``: ``execution`` None for an unknown id; refused with
+        code ``not_cancellable`` (and nothing changed) for an unfinished execution whose
+        name does not end in -cancellable; a terminal one unchanged."""
+
     async def execution_pause(
         self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult:
