@@ -691,6 +691,36 @@ class ExecutionService:
             cancelled = await self.get(cancelled.id) if look.action else cancelled
         return cancelled, result.changed
 
+    async def cancel_many(self, ids: Sequence[uuid.UUID], *, actor: str | None = None,
+                          reason: str | None = None) -> list[Execution | VeracityError]:
+        """Cancel each execution as :meth:`cancel` would, all in one transaction, answered
+        in order: the execution, or the error its single cancel would raise (NotFound,
+        Conflict not_cancellable). Up to MAX_BATCH ids."""
+        if len(ids) > MAX_BATCH:
+            raise PayloadTooLarge(f"one request cancels at most {MAX_BATCH:,} executions; "
+                                  f"this one names {len(ids):,}")
+        results = await self.store.execution_cancel_many(ids, actor=actor, reason=reason)
+        answers: list[Execution | VeracityError] = []
+        seen: set[uuid.UUID] = set()
+        for ident, result in zip(ids, results, strict=True):
+            try:
+                cancelled = self._found(ident, result)
+            except VeracityError as exc:
+                answers.append(exc)
+                continue
+            if result.changed and ident not in seen:
+                self._ended(cancelled)
+                if self.on_interrupt is not None:
+                    self.on_interrupt(ident)
+            seen.add(ident)
+            if (cancelled.status == Status.RUNNING and cancelled.engine is not None
+                    and cancelled.external_execution_id is not None):
+                # a delegated run ends only once its engine confirms the stop (as cancel)
+                look = await self._look_and_apply(cancelled, by=actor or "operator")
+                cancelled = await self.get(cancelled.id) if look.action else cancelled
+            answers.append(cancelled)
+        return answers
+
     async def retry(self, execution_id: str | uuid.UUID, *, actor: str | None = None,
                     reason: str | None = None) -> Execution:
         """A new execution retrying a failed (or failed_transient) one: linked to it

@@ -245,6 +245,11 @@ def _fixed(path: str, body: dict[str, Any] | None = None) -> Callable[
     return make
 
 
+async def _many_cancelled(service: ExecutionService) -> tuple[str, dict[str, Any] | None]:
+    execution = await _submitted(service, MONITOR)
+    return "/v1/executions/cancel", {"ids": [str(execution.id)]}
+
+
 EXECUTION = "/v1/executions/{execution_id}"
 SAMPLES: dict[tuple[str, str], Sample] = {
     ("POST", "/v1/executions"): Sample(_fixed("/v1/executions",
@@ -263,6 +268,7 @@ SAMPLES: dict[tuple[str, str], Sample] = {
     # a pending execution has not failed: the handler itself answers 409
     ("PUT", f"{EXECUTION}/retry"): Sample(_on("/retry"), 409),
     ("PUT", f"{EXECUTION}/cancel"): Sample(_on("/cancel", MONITOR), 200),
+    ("PUT", "/v1/executions/cancel"): Sample(_many_cancelled, 200),
     ("PUT", f"{EXECUTION}/pause"): Sample(_on("/pause"), 200),
     ("PUT", f"{EXECUTION}/unpause"): Sample(_on("/unpause", paused=True), 200),
     ("POST", f"{EXECUTION}/messages"): Sample(
@@ -333,7 +339,8 @@ async def _answer(store: Store, route: tuple[str, str], scope: Scope) -> tuple[
                                deployment_id=DEPLOYMENT, max_payload_bytes=MAX_PAYLOAD)
     value = await token(store, scope)
     path, body = await SAMPLES[route].make(service)
-    ident = (path.split("/")[3] if path.startswith("/v1/executions/")
+    ident = (body["ids"][0] if body is not None and "ids" in body  # the bulk cancel
+             else path.split("/")[3] if path.startswith("/v1/executions/")
              and path != "/v1/executions/batch" else None)
     before = await store.execution_get(uuid.UUID(ident)) if ident else None
     count = await count_executions(store)

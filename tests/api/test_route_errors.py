@@ -151,6 +151,16 @@ async def test_every_listed_error_is_answered_and_every_answer_listed(
     await call("PUT", f"{E}/pause", p, content=b"x", headers={"content-type": "text/plain"})
     await call("PUT", f"{E}/unpause", f"/v1/executions/{pending}/unpause")
     assert (await client.put(f"/v1/executions/{paused}/unpause")).status_code == 200
+    # many at once
+    c = "/v1/executions/cancel"
+    await call("PUT", c, c, json={"ids": [pending, "not-an-id"]})
+    await call("PUT", c, c, json={"ids": [UNKNOWN] * 1001})
+    await call("PUT", c, c, json={"ids": []})
+    await call("PUT", c, c, json={"ids": [pending], "by": " "})
+    await call("PUT", c, c, content=b"{")
+    await call("PUT", c, c, json={"ids": [pending], "who": "x"})
+    await call("PUT", c, c, json={"ids": [pending], "by": big})
+    await call("PUT", c, c, content=b"x", headers={"content-type": "text/plain"})
     # messages
     m = f"{E}/messages"
     for ident in ("not-an-id", UNKNOWN):

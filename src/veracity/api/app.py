@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated, Any
@@ -14,6 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import TypeAdapter, ValidationError, WithJsonSchema
 from pydantic_core import to_json
 
+from veracity._ids import parse_execution_id
 from veracity.api.auth import ROUTE_ACCESS, TokenAuth, check_routes, declare_security
 from veracity.api.docs import install_docs
 from veracity.api.errors import error_response, install_error_handlers
@@ -25,6 +27,8 @@ from veracity.api.schemas import (
     AdoptRequest,
     BatchOut,
     BatchRequest,
+    CancelManyOut,
+    CancelManyRequest,
     CompleteRequest,
     CronOut,
     CronPage,
@@ -90,6 +94,18 @@ async def _service(request: Request) -> ExecutionService:
 
 
 Service = Annotated[ExecutionService, Depends(_service)]
+
+
+def _listed_id(index: int, raw: object) -> uuid.UUID:
+    """Item ``index`` of a body's ``ids``: a UUID, or 422 invalid_id naming the index."""
+    try:
+        if isinstance(raw, str):
+            return parse_execution_id(raw)
+    except ValueError:
+        pass
+    shown = raw[:80] if isinstance(raw, str) else raw
+    raise InvalidInput(f"ids[{index}]: {shown!r} is not an execution id (a UUID)",
+                       code="invalid_id", index=index)
 
 
 def _token_name(request: Request) -> str | None:
@@ -317,6 +333,31 @@ def create_api(
                    for e in page.items],
             next_cursor=page.next_cursor,
         )
+
+    # declared before the /v1/executions/{execution_id} routes: "cancel" is not an id
+    @app.put("/v1/executions/cancel", response_model=CancelManyOut)
+    async def cancel_many(body: CancelManyRequest, service: Service,
+                          request: Request) -> Response:
+        """Cancel up to 1,000 executions in one transaction, each exactly as PUT
+        /v1/executions/{id}/cancel would (terminal or cancelled already: unchanged; running:
+        cancel requested), answered in the order asked: each item has the execution, or
+        the error its single cancel would answer (not_found, not_cancellable), which does
+        not stop the others. Nothing is written for more than 1,000 ids (413) or an id that
+        is not a UUID (422 invalid_id, error.index naming the first such)."""
+        if len(body.ids) > MAX_BATCH:
+            raise PayloadTooLarge(f"one request cancels at most {MAX_BATCH:,} executions; "
+                                  f"this one names {len(body.ids):,}")
+        ids = [_listed_id(index, raw) for index, raw in enumerate(body.ids)]
+        if body.by is not None and not body.by.strip():
+            raise InvalidInput("by: must not be only spaces", code="invalid_input")
+        done = await service.cancel_many(ids, actor=body.by or _token_name(request))
+        items = [
+            {"id": str(ident), "execution": None,
+             "error": {"code": out.code, "message": str(out)}}
+            if isinstance(out, VeracityError) else
+            {"id": str(ident), "execution": ExecutionOut.plain(out), "error": None}
+            for ident, out in zip(ids, done, strict=True)]
+        return Response(to_json({"items": items}), media_type="application/json")
 
     @app.get("/v1/executions/{execution_id}", response_model=ExecutionOut, )
     async def get_execution(

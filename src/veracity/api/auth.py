@@ -67,6 +67,7 @@ ROUTE_ACCESS: Mapping[tuple[str, str], Access] = {
     # a retry submits a new execution (the failed one is left as it is)
     ("PUT", f"{EXECUTION}/retry"): TokenScope.EXECUTIONS_SUBMIT,
     ("PUT", f"{EXECUTION}/cancel"): TokenScope.EXECUTIONS_CANCEL,
+    ("PUT", "/v1/executions/cancel"): TokenScope.EXECUTIONS_CANCEL,
     ("PUT", f"{EXECUTION}/pause"): TokenScope.EXECUTIONS_PAUSE,
     ("PUT", f"{EXECUTION}/unpause"): TokenScope.EXECUTIONS_PAUSE,
     ("POST", f"{EXECUTION}/messages"): TokenScope.EXECUTIONS_SEND,

@@ -34,6 +34,7 @@ ROUTE_SUMMARIES: Mapping[tuple[str, str], str] = {
     ("GET", EXECUTION): "Get one execution",
     ("GET", f"{EXECUTION}/history"): "Read an execution's history",
     ("PUT", f"{EXECUTION}/cancel"): "Cancel an execution",
+    ("PUT", "/v1/executions/cancel"): "Cancel up to 1,000 executions in one transaction",
     ("PUT", f"{EXECUTION}/retry"): "Retry a failed execution",
     ("PUT", f"{EXECUTION}/pause"): "Pause an execution",
     ("PUT", f"{EXECUTION}/unpause"): "Unpause an execution",
@@ -69,6 +70,8 @@ ROUTE_ERRORS: Mapping[tuple[str, str], Mapping[int, tuple[str, ...]]] = {
     ("GET", f"{EXECUTION}/history"): {
         400: ("invalid_id", "invalid_cursor"), 404: ("not_found",), 422: ("invalid_input",)},
     ("PUT", f"{EXECUTION}/cancel"): {**_ID, 409: ("not_cancellable",)},
+    ("PUT", "/v1/executions/cancel"): {
+        **BODY, 422: ("malformed_json", "invalid_input", "invalid_id")},
     ("PUT", f"{EXECUTION}/retry"): {**_ID, 409: ("wrong_state",)},
     ("PUT", f"{EXECUTION}/pause"): {
         **_ID, **BODY, 409: ("wrong_state", "not_pausable"),

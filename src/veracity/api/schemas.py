@@ -91,6 +91,18 @@ class BatchRequest(BaseModel):
                     "({ffqn, params?, idempotency_key?, scheduled_at?, paused?})")
 
 
+class CancelManyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[Any] = Field(
+        min_length=1, description="1 to 1,000 execution ids (UUIDs); more: 413 "
+                                  "payload_too_large; one not a UUID: 422 invalid_id naming "
+                                  "its index, and nothing is cancelled")
+    by: str | None = Field(default=None, min_length=1, max_length=200,
+                           description="Who cancels them (default: the API token's name)",
+                           json_schema_extra={"pattern": r"\S"})
+
+
 class MessageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -287,6 +299,20 @@ class BatchOut(BaseModel):
     created: list[bool] = Field(
         description="For each item: created now (false: its idempotency key named an "
                     "execution already, submitted before or earlier in the batch)")
+
+
+class CancelOutcome(BaseModel):
+    id: str = Field(description="The id as asked")
+    execution: ExecutionOut | None = Field(
+        default=None, description="The execution as PUT /v1/executions/{id}/cancel answers "
+                                  "it (null when error is set)")
+    error: ErrorBody | None = Field(
+        default=None, description="Why this one was not cancelled: not_found, or "
+                                  "not_cancellable (its name does not end in -cancellable)")
+
+
+class CancelManyOut(BaseModel):
+    items: list[CancelOutcome] = Field(description="Each id's outcome, in the order asked")
 
 
 class HistoryItem(BaseModel):
