@@ -9,8 +9,8 @@ key on the current deployment.
    ``ctx.http`` and a ``[[http]]`` binding to the Veracity API (its token in the binding's
    header): it reads the reconciler's own deployment from its own execution record, lists
    every page of unfinished executions whose name starts with the prefix, decides with
-   :func:`veracity.core.generations.plan` (pure), and cancels and pauses what the plan
-   says, idempotently;
+   :func:`veracity.core.generations.plan` (pure), and cancels (up to 1,000 executions a
+   request) and pauses what the plan says, idempotently;
 3. schedules (``ctx.schedule``) a managed execution on its own deployment for each desired
    key that has none, and returns ``kept N; started M``.
 """
@@ -117,11 +117,21 @@ async def _whole(http: httpx.AsyncClient, base: str, item: dict[str, Any]) -> di
     return whole
 
 
-async def _cancel(http: httpx.AsyncClient, base: str, execution_id: str) -> None:
-    """Cancel; an execution already ended, or already cancelled, counts as done."""
-    response = await http.put(f"{base}/v1/executions/{execution_id}/cancel")
+async def _cancel_page(http: httpx.AsyncClient, base: str, ids: list[str]) -> None:
+    """Cancel up to 1,000 executions in one request (``PUT /v1/executions/cancel``); an
+    execution already ended, or already cancelled, counts as done. Any other outcome of an
+    id (not_found, not_cancellable) fails the step, once the others are cancelled."""
+    response = await http.put(f"{base}/v1/executions/cancel", json={"ids": ids})
     if response.status_code != 200:
-        raise _fail(response, f"cancelling execution {execution_id}")
+        raise _fail(response, f"cancelling {len(ids)} executions (the first {ids[0]})")
+    refused = [item for item in response.json()["items"] if item.get("error")]
+    if refused:
+        first = refused[0]
+        raise ControlPlaneError(
+            f"cancelling execution {first['id']}: {first['error']['code']}: "
+            f"{first['error']['message']}"
+            + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""),
+            retryable=False)
 
 
 async def _pause(http: httpx.AsyncClient, base: str, execution_id: str) -> None:
@@ -148,7 +158,8 @@ async def reconcile_workers(
     API at the origin of ``binding``, lists every unfinished execution whose name starts
     with ``ffqn_prefix`` (default: the managed name without ``-cancellable``, which both the
     managed and the legacy name start with), decides with
-    :func:`veracity.core.generations.plan`, and cancels and pauses accordingly
+    :func:`veracity.core.generations.plan`, and cancels (``PUT /v1/executions/cancel``,
+    ``page_size`` executions a request) and pauses (one request each) accordingly
     (``concurrency`` requests at once). A managed execution without its key stops it
     before anything is changed (:class:`MissingKey`).
 
@@ -174,8 +185,10 @@ async def reconcile_workers(
 
     # every request is made, whatever the others' fate (a later run then has less to
     # repair); the first failure fails the step once they have all ended
+    retiring = [r.id for r in decided.cancel]
+    pages = [retiring[i:i + page_size] for i in range(0, len(retiring), page_size)]
     outcomes = await asyncio.gather(
-        *(gated(_cancel(http, base, r.id)) for r in decided.cancel),
+        *(gated(_cancel_page(http, base, page)) for page in pages),
         *(gated(_pause(http, base, i)) for i in decided.pause), return_exceptions=True)
     for outcome in outcomes:
         if isinstance(outcome, BaseException):

@@ -24,7 +24,7 @@ from veracity import App, Context
 from veracity.api import create_api
 from veracity.control import ExecutionService, TokenService
 from veracity.core.states import Status
-from veracity.generations import Generations, _cancel, _pause
+from veracity.generations import Generations, _cancel_page, _pause
 from veracity.models import Execution, ExecutionFilter
 from veracity.store import Store
 
@@ -118,6 +118,8 @@ async def test_a_legacy_execution_is_paused_not_cancelled(store: Store, tmp_path
         assert (await r.reconcile()).result == "kept 0; started 1"
         assert (await wait_status(store, legacy.id, Status.PAUSED)).status == Status.PAUSED
         assert "cancel_requested" not in [e.kind for e in await history(store, legacy.id)]
+        # the older managed one is retired through the bulk cancel, the legacy one never
+        assert ("PUT", "/v1/executions/cancel") in r.seen
         assert ("PUT", f"/v1/executions/{legacy.id}/cancel") not in r.seen
         assert (await wait_status(store, old.id, Status.CANCELLED)).status == Status.CANCELLED
         # still visible, and left as it is by the next run
@@ -151,28 +153,35 @@ async def test_managed_params_without_the_key_fail_the_run_and_change_nothing(
 
 
 async def test_a_run_cut_short_is_repaired_by_the_next(store: Store, tmp_path: Path) -> None:
+    """Two pages of cancels (2 executions a page): the first request is refused, the other
+    goes through; the run fails, and the next one retires what is left."""
     async with served(store, tmp_path) as r:
-        DESIRED.keys = ["A", "B"]
-        a, _ = await r.old.submit(WORKER, ["A"])
-        b, _ = await r.old.submit(WORKER, ["B"])
+        DESIRED.keys = ["A", "B", "C"]
+        olds = [(await r.old.submit(WORKER, [k]))[0] for k in DESIRED.keys]
         refused: list[str] = []
 
-        async def refuse_a_once(scope: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
-            if scope["method"] == "PUT" and scope["path"] == f"/v1/executions/{a.id}/cancel" \
+        async def refuse_once(scope: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+            if scope["method"] == "PUT" and scope["path"] == "/v1/executions/cancel" \
                     and not refused:
                 refused.append(scope["path"])
                 return 403, {"error": {"code": "forbidden", "message": "not now",
                                        "scope": "executions:cancel"}}
             return None
 
-        r.gate.append(refuse_a_once)
-        first = await r.reconcile()
+        r.gate.append(refuse_once)
+        run, _ = await r.current.submit(PAGED, [])
+        first = await wait_status(store, run.id, Status.COMPLETED, Status.FAILED, timeout=20)
         assert first.status == Status.FAILED and first.error is not None
-        assert f"cancelling execution {a.id}: 403 forbidden" in str(first.error["message"])
-        assert (await wait_status(store, b.id, Status.CANCELLED)).status == Status.CANCELLED
-        assert (await r.current.get(a.id)).status == Status.PENDING
-        assert (await r.reconcile()).result == "kept 0; started 2"
-        assert (await wait_status(store, a.id, Status.CANCELLED)).status == Status.CANCELLED
+        assert "executions (the first " in str(first.error["message"])
+        assert "403 forbidden" in str(first.error["message"])
+        statuses = [(await r.current.get(e.id)).status for e in olds]
+        # the page refused is left pending, the other one cancelled: partial progress
+        assert sorted(statuses).count(Status.PENDING) in (1, 2), statuses
+        assert Status.CANCELLED in statuses, statuses
+        assert (await r.reconcile()).result == "kept 0; started 3"
+        for e in olds:
+            assert (await wait_status(store, e.id, Status.CANCELLED)).status \
+                == Status.CANCELLED
 
 
 async def test_retiring_an_ended_or_retired_execution_is_a_success(
@@ -188,7 +197,7 @@ async def test_retiring_an_ended_or_retired_execution_is_a_success(
         reconciler = (await TokenService(store).create("retire", SCOPES)).token
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {reconciler}"}) as http:
             for _ in range(2):  # and again: a repeated request is fine
-                await _cancel(http, r.url, str(done.id))
+                await _cancel_page(http, r.url, [str(done.id)])
                 await _pause(http, r.url, str(ended.id))
                 await _pause(http, r.url, str(paused.id))
         assert (await r.current.get(done.id)).status == Status.CANCELLED
@@ -203,6 +212,7 @@ async def test_the_examples_token_lists_cancels_and_pauses_and_nothing_else(
     service = ExecutionService(store, workflows=set(app.workflows), deployment_id=CURRENT)
     target, _ = await service.submit(WORKER, ["A"])
     legacy, _ = await service.submit(LEGACY, ["A"])
+    second, _ = await service.submit(WORKER, ["B"])
     reconciler = (await TokenService(store).create("reconciler", SCOPES)).token
     transport = httpx.ASGITransport(app=create_api(service, auth_required=True),
                                     raise_app_exceptions=False)
@@ -213,6 +223,9 @@ async def test_the_examples_token_lists_cancels_and_pauses_and_nothing_else(
         assert (await api.get(f"/v1/executions/{target.id}")).status_code == 200
         assert (await api.put(f"/v1/executions/{legacy.id}/pause")).status_code == 200
         assert (await api.put(f"/v1/executions/{target.id}/cancel")).status_code == 200
+        many = await api.put("/v1/executions/cancel", json={"ids": [str(second.id)]})
+        assert many.status_code == 200, many.text
+        assert many.json()["items"][0]["execution"]["status"] == "cancelled"
         refused = {
             "executions:submit": await api.post(
                 "/v1/executions", json={"ffqn": WORKER, "params": ["B"]}),
@@ -228,7 +241,8 @@ async def test_the_examples_token_lists_cancels_and_pauses_and_nothing_else(
             assert (error["code"], error["scope"]) == ("forbidden", scope)
     assert (await service.get(target.id)).status == Status.CANCELLED
     assert (await service.get(legacy.id)).status == Status.PAUSED
-    assert len(await store.execution_list(ExecutionFilter(), limit=100)) == 2  # none submitted
+    assert (await service.get(second.id)).status == Status.CANCELLED
+    assert len(await store.execution_list(ExecutionFilter(), limit=100)) == 3  # none submitted
 
 
 async def test_the_deployment_is_the_one_its_own_execution_record_names(
@@ -266,3 +280,5 @@ async def test_every_page_of_the_listing_is_read(store: Store, tmp_path: Path) -
             assert (await wait_status(store, e.id, Status.CANCELLED)).status == Status.CANCELLED
         listings = [p for m, p in r.seen if m == "GET" and p == "/v1/executions"]
         assert len(listings) == 3  # 5 executions, 2 a page
+        # and cancelled 2 a request
+        assert r.seen.count(("PUT", "/v1/executions/cancel")) == 3
