@@ -11,9 +11,10 @@ from tests.store._support import (
     assert_history_intact,
     claim_exactly,
     get,
+    new_child,
     submit_unique,
 )
-from tests.store.test_engine_cancel import ended
+from tests.store.test_engine_cancel import ended, waiting_parent
 from veracity.clock import ManualClock
 from veracity.core.states import Status
 from veracity.store import Store
@@ -83,3 +84,27 @@ async def test_a_repeat_changes_nothing(store: Store, clock: ManualClock) -> Non
 
 async def test_no_ids_answers_nothing(store: Store) -> None:
     assert await store.execution_cancel_many([]) == []
+
+
+async def test_a_tree_is_cancelled_as_a_single_cancel_cancels_it(
+    store: Store, clock: ManualClock
+) -> None:
+    """One id with an unfinished -cancellable child (cancelled with its parent), beside one
+    without: both in one call."""
+    root = await submit_unique(store, cancellable=True)
+    child = new_child(root.id, cancellable=True)
+    await waiting_parent(store, root.id, [child])
+    alone = await submit_unique(store, cancellable=True)
+    at = clock.advance(1)
+    results = await store.execution_cancel_many([root.id, alone.id], actor="op")
+    assert [r.changed for r in results] == [True, True]
+    c = await get(store, child.id)
+    assert c.status == Status.CANCELLED and c.cancel_requested_at == at
+    assert [(e.kind, e.data) for e in (await assert_history_intact(store, child.id))[-2:]] == [
+        ("cancel_requested", {"by": "op", "root": str(root.id)}),
+        ("cancelled", {"by": "op", "reason": "cancelled with its parent"}),
+    ]
+    r = await get(store, root.id)
+    assert r.status == Status.CANCELLED and results[0].execution == r
+    assert (await get(store, alone.id)).status == Status.CANCELLED
+    await assert_history_intact(store, root.id)

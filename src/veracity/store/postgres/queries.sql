@@ -549,6 +549,34 @@ WHERE e.id = tree.id
 RETURNING e.*, (CASE WHEN e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
         THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
+-- name: execution_with_open_children
+-- which of these executions have an unfinished child
+SELECT DISTINCT parent_id AS id FROM veracity_executions
+WHERE parent_id = ANY (%(ids)s::uuid[]) AND status <> ALL (%(terminal)s::text[])
+
+-- name: execution_cancel_mark_many
+-- executions without unfinished children: cancel requested, each alone
+UPDATE veracity_executions AS e SET
+    cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = e.history_seq + 1
+WHERE e.id = ANY (%(ids)s::uuid[])
+  AND e.cancel_requested_at IS NULL AND e.status <> ALL (%(terminal)s::text[])
+RETURNING e.*
+
+-- name: execution_cancel_settle_many
+-- of those, what is not running and still has no unfinished child ends cancelled now
+UPDATE veracity_executions AS e SET
+    status = 'cancelled', wake_at = NULL, paused_from = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    history_seq = e.history_seq + 1
+WHERE e.id = ANY (%(ids)s::uuid[])
+  AND e.cancel_requested_at IS NOT NULL
+  AND e.status = ANY (%(from_states)s::text[])
+  AND NOT EXISTS (SELECT 1 FROM veracity_executions AS c
+                  WHERE c.parent_id = e.id AND c.status <> ALL (%(terminal)s::text[]))
+RETURNING e.*, (CASE WHEN e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
+
 -- name: execution_request_pause
 UPDATE veracity_executions SET
     pause_requested_at = coalesce(%(now)s::timestamptz, now()),

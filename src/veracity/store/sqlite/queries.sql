@@ -406,6 +406,36 @@ WHERE id IN (
                     AND c.status NOT IN (SELECT value FROM json_each(:terminal)))
 RETURNING *
 
+-- name: execution_with_open_children
+-- which of these executions have an unfinished child
+SELECT DISTINCT parent_id AS id FROM veracity_executions
+WHERE parent_id IN (SELECT value FROM json_each(:ids))
+  AND status NOT IN (SELECT value FROM json_each(:terminal))
+
+-- name: execution_cancel_mark_many
+-- executions without unfinished children: cancel requested, each alone
+UPDATE veracity_executions SET
+    cancel_requested_at = :now,
+    history_seq = history_seq + 1
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND cancel_requested_at IS NULL
+  AND status NOT IN (SELECT value FROM json_each(:terminal))
+RETURNING *
+
+-- name: execution_cancel_settle_many
+-- of those, what is not running and still has no unfinished child ends cancelled now
+UPDATE veracity_executions SET
+    status = 'cancelled', wake_at = NULL, paused_from = NULL,
+    updated_at = :now,
+    history_seq = history_seq + 1
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND cancel_requested_at IS NOT NULL
+  AND status IN (SELECT value FROM json_each(:from_states))
+  AND NOT EXISTS (SELECT 1 FROM veracity_executions AS c
+                  WHERE c.parent_id = veracity_executions.id
+                    AND c.status NOT IN (SELECT value FROM json_each(:terminal)))
+RETURNING *
+
 -- name: execution_request_pause
 UPDATE veracity_executions SET pause_requested_at = :now, history_seq = history_seq + 1
 WHERE id = :id
