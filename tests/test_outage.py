@@ -40,6 +40,7 @@ def requests_for_every_route(eid: str) -> list[tuple[str, str, dict[str, Any] | 
         ("GET", base, None),
         ("GET", f"{base}/history", None),
         ("PUT", f"{base}/cancel", None),
+        ("PUT", "/v1/executions/cancel", {"ids": [eid]}),
         ("PUT", f"{base}/retry", None),
         ("PUT", f"{base}/pause", None),
         ("PUT", f"{base}/unpause", None),

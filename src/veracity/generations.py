@@ -206,7 +206,8 @@ class Generations:
     activity sends its requests, its header the API token). ``desired_keys``: a function,
     plain or async, returning the keys that should each have one execution (read on every
     run, as a step). ``key_index``: the position of the key in the managed workflow's
-    params. ``start_params``: the params a new execution is started with (default:
+    params. ``page_size``: executions per page of the listing and per cancel request (1 to
+    1,000). ``start_params``: the params a new execution is started with (default:
     ``[key]``). ``start``: the workflow started for a key that has no managed execution
     (default: the managed one); a cleanup supervisor that runs the managed workflow as its
     child, say (docs/generations.md).

@@ -196,6 +196,7 @@ async def test_bad_submissions_are_refused_and_write_nothing(
 BODY_ENDPOINTS = [
     ("POST", "/v1/executions"),
     ("POST", "/v1/executions/batch"),
+    ("PUT", "/v1/executions/cancel"),
     ("POST", "/v1/executions/{id}/messages"),
     ("POST", "/v1/executions/{id}/complete"),
     ("POST", "/v1/executions/{id}/fail"),
