@@ -365,8 +365,8 @@ def test_cron_must_be_an_array_of_tables(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "line", "key"),
     [
-        ('[retention]\nterminal = "30d"\n', 3, "retention"),
-        ('retention.terminal = "30d"\n', 3, "retention"),
+        ('[generations]\nevery = "1h"\n', 3, "generations"),
+        ('generations.every = "1h"\n', 3, "generations"),
     ],
 )
 def test_a_feature_this_version_lacks_is_refused_naming_the_key(

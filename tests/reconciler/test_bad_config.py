@@ -60,8 +60,8 @@ CASES: list[tuple[str, str, dict[str, str | None], list[str]]] = [
                          'webhook = "webhook/fulfil"\nmax_duration = "300ms"'), {},
      ["external_workflow[0]", "webhook"]),
     # features this version lacks, and tokens in the file, are refused, never ignored
-    ("retention", GOOD + '\n[retention]\nterminal = "30d"\n', {},
-     ["veracity.toml:", "retention: not supported by this version of Veracity"]),
+    ("generations", GOOD + '\n[generations]\nevery = "1h"\n', {},
+     ["veracity.toml:", "generations: not supported by this version of Veracity"]),
     ("tokens", GOOD + '\n[[tokens]]\nname = "ci"\n', {},
      ["veracity.toml:", "tokens: API tokens live in the database", "veracity token create"]),
     ("stop-flag-after", GOOD + '\n[reconciler]\nstop_flag_after = "0.5s"\n', {},

@@ -811,3 +811,65 @@ RETURNING id, history_seq
 -- name: notify_pending
 -- adopted pending executions are due for the new deployment's workers: wake them
 SELECT pg_notify('veracity_pending', '')
+
+
+-- ---------------------------------------------------------------------------------------
+-- Retention (docs/operations.md, Retention; store/_ops.py, prune, drives these)
+
+-- name: prune_roots
+-- Top-level executions that ended before the cutoff, oldest end first, after the cursor
+-- (updated_at, id): read from the index veracity_executions_ended alone.
+SELECT id, updated_at FROM veracity_executions
+WHERE parent_id IS NULL
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+  AND updated_at < %(cutoff)s::timestamptz
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (updated_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid))
+ORDER BY updated_at, id
+LIMIT %(limit)s
+
+-- name: prune_families
+-- Every member of the families of these roots (the roots and everything below them),
+-- with what the decision (veracity.core.retention) needs.
+WITH RECURSIVE fam (root_id, id) AS (
+    SELECT r.id, r.id FROM unnest(%(roots)s::uuid[]) AS r (id)
+    UNION ALL
+    SELECT fam.root_id, c.id FROM veracity_executions AS c JOIN fam ON c.parent_id = fam.id
+)
+SELECT fam.root_id, e.id, e.status,
+       (e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        AND e.updated_at < %(cutoff)s::timestamptz) AS ended_before_cutoff,
+       (SELECT coalesce(json_agg(r.id), '[]'::json) FROM veracity_executions AS r
+        WHERE r.retry_of = e.id) AS retried_by,
+       EXISTS (SELECT 1 FROM veracity_cron_slots AS s
+               WHERE s.execution_id = e.id
+                 AND s.slot_at = (SELECT max(l.slot_at) FROM veracity_cron_slots AS l
+                                  WHERE l.name = s.name)) AS cron_latest
+FROM fam JOIN veracity_executions AS e ON e.id = fam.id
+
+-- name: prune_lock
+-- The executions about to be deleted, locked, that are still terminal and ended before
+-- the cutoff (nobody waits on a terminal row: workers lock only unfinished ones).
+SELECT id FROM veracity_executions
+WHERE id = ANY (%(ids)s::uuid[])
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+  AND updated_at < %(cutoff)s::timestamptz
+ORDER BY id
+FOR UPDATE
+
+-- name: prune_retried_by
+-- Executions that retry one of these and are not among them (read again under the lock).
+SELECT DISTINCT retry_of AS id FROM veracity_executions
+WHERE retry_of = ANY (%(ids)s::uuid[]) AND NOT (id = ANY (%(ids)s::uuid[]))
+
+-- name: prune_delete_messages
+DELETE FROM veracity_messages WHERE execution_id = ANY (%(ids)s::uuid[]) RETURNING 1
+
+-- name: prune_delete_history
+DELETE FROM veracity_history WHERE execution_id = ANY (%(ids)s::uuid[]) RETURNING 1
+
+-- name: prune_delete_cron_slots
+DELETE FROM veracity_cron_slots WHERE execution_id = ANY (%(ids)s::uuid[]) RETURNING 1
+
+-- name: prune_delete_executions
+DELETE FROM veracity_executions WHERE id = ANY (%(ids)s::uuid[]) RETURNING 1

@@ -1,0 +1,24 @@
+-- 0012: cost that does not grow with history (docs/operations.md, Retention).
+
+-- Retention reads top-level executions that ended, oldest end first (updated_at of a
+-- terminal row): this index holds only those, so a tick never reads unfinished rows.
+CREATE INDEX veracity_executions_ended ON veracity_executions (updated_at, id)
+    WHERE parent_id IS NULL
+      AND status IN ('completed', 'failed', 'failed_transient', 'cancelled');
+
+-- Retention deletes an execution's messages, consumed ones included: the index of 0003
+-- holds only the open ones.
+CREATE INDEX veracity_messages_execution ON veracity_messages (execution_id);
+
+-- The list's filters, each answering its first page from an index in the list's order
+-- (created_at DESC, id DESC) instead of filtering the whole table: one status, one
+-- deployment, flagged executions. An FFQN prefix is a range of the "C" collation: its
+-- matching rows are read from this index (and sorted for the page).
+CREATE INDEX veracity_executions_status_created
+    ON veracity_executions (status, created_at DESC, id DESC);
+CREATE INDEX veracity_executions_deployment_created
+    ON veracity_executions (deployment_id, created_at DESC, id DESC);
+CREATE INDEX veracity_executions_flagged_created
+    ON veracity_executions (created_at DESC, id DESC) WHERE flagged_at IS NOT NULL;
+CREATE INDEX veracity_executions_ffqn_created
+    ON veracity_executions ((ffqn COLLATE "C"), created_at DESC, id DESC);
