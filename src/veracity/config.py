@@ -127,8 +127,9 @@ def parse_duration(value: str | int | float) -> float:
         text = re.sub(r"\s+", "", value).lower()
         if _NUMBER.fullmatch(text):
             seconds = float(text)
-        elif _DURATION.fullmatch(text):
+        elif _DURATION.fullmatch(text.removeprefix("-").removeprefix("+")):
             seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(text))
+            seconds = -seconds if text.startswith("-") else seconds
         else:
             raise ValueError(f"invalid duration {value!r}: {_DURATION_HINT}")
     else:

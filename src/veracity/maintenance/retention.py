@@ -71,21 +71,26 @@ class RetentionService:
         self.batch = batch
         self.metrics = metrics
 
+    async def cutoff(self) -> datetime:
+        """Now by the database's clock, less ``older_than``."""
+        return await self.store.db_now() - timedelta(seconds=self.older_than)
+
     async def run_once(
-        self, *, dry_run: bool = False,
+        self, *, dry_run: bool = False, cutoff: datetime | None = None,
         on_batch: Callable[[PruneBatch], None] | None = None,
     ) -> RetentionResult:
-        """One pass over every top-level execution that ended before the cutoff (now by
-        the database's clock, less ``older_than``), a batch at a time. A pass that fails
-        counts ``outcome="error"`` and raises; batches committed before stay deleted."""
+        """One pass over every top-level execution that ended before the cutoff (by
+        default :meth:`cutoff`), a batch at a time. A pass that fails counts
+        ``outcome="error"`` and raises; batches committed before stay deleted."""
         try:
-            return await self._tick(dry_run, on_batch)
+            return await self._tick(dry_run, cutoff, on_batch)
         except Exception:
             self._count_tick("error")
             raise
 
     async def _tick(
-        self, dry_run: bool, on_batch: Callable[[PruneBatch], None] | None
+        self, dry_run: bool, cutoff: datetime | None,
+        on_batch: Callable[[PruneBatch], None] | None,
     ) -> RetentionResult:
         async with self.store.single_runner(self.name) as acquired:
             if not acquired:
@@ -93,7 +98,8 @@ class RetentionService:
                 log.info("tick skipped: another runner holds the lock",
                          extra={"domain": self.name})
                 return RetentionResult(ran=False, dry_run=dry_run)
-            cutoff = await self.store.db_now() - timedelta(seconds=self.older_than)
+            if cutoff is None:
+                cutoff = await self.cutoff()
             result = RetentionResult(ran=True, dry_run=dry_run, cutoff=cutoff)
             after: tuple[datetime, uuid.UUID] | None = None
             while True:

@@ -467,6 +467,11 @@ def prune(cutoff: datetime, limit: int, after: tuple[datetime, uuid.UUID] | None
                       history=len(history), messages=len(messages), kept=kept)
 
 
+def prune_count(cutoff: datetime) -> Op:
+    rows = yield Query("prune_count", {"cutoff": cutoff})
+    return int(rows[0]["n"])
+
+
 # -- reads ---------------------------------------------------------------------------------
 
 

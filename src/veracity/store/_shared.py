@@ -273,6 +273,11 @@ class SharedMethods:
         batch: PruneBatch = await self._op(lambda: _ops.prune(cutoff, limit, after, dry_run))
         return batch
 
+    async def execution_prune_count(self, *, cutoff: datetime) -> int:
+        require_aware(cutoff)
+        count: int = await self._op(lambda: _ops.prune_count(cutoff))
+        return count
+
     async def execution_resolve(
         self, execution_id: uuid.UUID, *, action: ResolveAction, external_id: str | None,
         reason: str, actor: str, expected_external_id: str | None = None,

@@ -411,6 +411,10 @@ class MaintenanceStore(DelegatedWrites, ReadStore, Protocol):
         messages and cron slots in one transaction. ``dry_run`` counts and deletes
         nothing. Never a non-terminal execution."""
 
+    async def execution_prune_count(self, *, cutoff: datetime) -> int:
+        """How many top-level executions ended before ``cutoff``: the roots a retention
+        pass reads (some may be kept)."""
+
     async def cron_register(
         self, definitions: Sequence[CronDefinition]
     ) -> dict[str, CronRecord]:

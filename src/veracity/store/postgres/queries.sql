@@ -873,3 +873,10 @@ DELETE FROM veracity_cron_slots WHERE execution_id = ANY (%(ids)s::uuid[]) RETUR
 
 -- name: prune_delete_executions
 DELETE FROM veracity_executions WHERE id = ANY (%(ids)s::uuid[]) RETURNING 1
+
+-- name: prune_count
+-- How many top-level executions ended before the cutoff (what a pass will read).
+SELECT count(*) AS n FROM veracity_executions
+WHERE parent_id IS NULL
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+  AND updated_at < %(cutoff)s::timestamptz

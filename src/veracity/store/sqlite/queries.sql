@@ -744,3 +744,10 @@ RETURNING 1
 -- name: prune_delete_executions
 DELETE FROM veracity_executions WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING 1
+
+-- name: prune_count
+-- How many top-level executions ended before the cutoff (what a pass will read).
+SELECT count(*) AS n FROM veracity_executions
+WHERE parent_id IS NULL
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+  AND updated_at < :cutoff
