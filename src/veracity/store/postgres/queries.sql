@@ -57,9 +57,12 @@ LIMIT 1
 SELECT * FROM veracity_executions WHERE id = %(id)s
 
 -- name: execution_list
+-- Newest first. starts_with() on an FFQN prefix is a range of the index
+-- veracity_executions_ffqn_created (of the "C" collation), which finds a rare prefix's rows;
+-- the planner picks it, or the list's own order, by the statistics.
 SELECT * FROM veracity_executions
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
-  AND (%(ffqn_prefix)s::text IS NULL OR starts_with(ffqn, %(ffqn_prefix)s::text))
+WHERE (%(ffqn_prefix)s::text IS NULL
+       OR starts_with(ffqn COLLATE "C", %(ffqn_prefix)s::text))
   AND (%(deployment_id)s::text IS NULL OR deployment_id = %(deployment_id)s::text)
   AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
@@ -67,6 +70,30 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
   AND (%(cursor_at)s::timestamptz IS NULL
        OR (created_at, id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid))
 ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: execution_list_by_status
+-- The same, for the given statuses: each status's newest rows read in order from the index
+-- veracity_executions_status_created (a page costs the page, however rare the status),
+-- then merged.
+SELECT e.* FROM unnest(%(statuses)s::text[]) AS s (status)
+CROSS JOIN LATERAL (
+    SELECT * FROM veracity_executions AS x
+    WHERE x.status = s.status
+      AND (%(ffqn_prefix)s::text IS NULL
+           OR starts_with(x.ffqn COLLATE "C", %(ffqn_prefix)s::text))
+      AND (%(deployment_id)s::text IS NULL OR x.deployment_id = %(deployment_id)s::text)
+      AND (%(created_after)s::timestamptz IS NULL
+           OR x.created_at > %(created_after)s::timestamptz)
+      AND (%(created_before)s::timestamptz IS NULL
+           OR x.created_at < %(created_before)s::timestamptz)
+      AND (%(flagged)s::boolean IS NULL OR (x.flagged_at IS NOT NULL) = %(flagged)s::boolean)
+      AND (%(cursor_at)s::timestamptz IS NULL
+           OR (x.created_at, x.id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid))
+    ORDER BY x.created_at DESC, x.id DESC
+    LIMIT %(limit)s
+) AS e
+ORDER BY e.created_at DESC, e.id DESC
 LIMIT %(limit)s
 
 -- name: history_list
