@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from bench import auth, cron, engine, reconciler, submit, wakeups, workers
+from bench import auth, cron, engine, growth, reconciler, submit, wakeups, workers
 
 
 def main() -> None:
@@ -18,6 +18,7 @@ def main() -> None:
     wakeups.main([])
     cron.main([])
     auth.main([])
+    growth.main([])
 
 
 if __name__ == "__main__":
