@@ -101,3 +101,36 @@ def test_prune_never_creates_a_database(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/absent.db"
     assert_failure(run(["prune", "--older-than", "7d"], base_env(url), tmp_path))
     assert not (tmp_path / "absent.db").exists()
+
+
+def test_prune_on_a_terminal_shows_a_progress_bar(sqlite_url: str, tmp_path: Path) -> None:
+    """On a TTY the pass shows click's progress bar on stderr (here a pseudo-terminal);
+    the summary line still goes to stdout."""
+    import os
+    import pty
+    import subprocess
+
+    from tests.cli.test_cli import VERACITY
+
+    ids = run_async(setup(sqlite_url))
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run([VERACITY, "prune", "--older-than", "7d"],
+                              env=base_env(sqlite_url), cwd=tmp_path, stderr=follower,
+                              stdout=subprocess.PIPE, text=True, timeout=60, check=False)
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the follower is closed: everything was read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+    assert done.returncode == 0, (done.stdout, shown)
+    assert done.stdout.startswith("deleted 2 executions"), done.stdout
+    assert b"pruning" in shown and b"100%" in shown, shown
+    assert run_async(present(sqlite_url, ids["old"])) == [False, False]
