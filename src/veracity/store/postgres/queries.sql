@@ -59,11 +59,13 @@ SELECT * FROM veracity_executions WHERE id = %(id)s
 -- name: execution_list
 -- Newest first. starts_with() on an FFQN prefix is a range of the index
 -- veracity_executions_ffqn_created (of the "C" collation), which finds a rare prefix's rows;
--- the planner picks it, or the list's own order, by the statistics.
+-- the planner picks it, or the list's own order, by the statistics. The filters compare
+-- COLLATE "C" expressions: those are what the list's indexes are keyed on (migration 0012).
 SELECT * FROM veracity_executions
 WHERE (%(ffqn_prefix)s::text IS NULL
        OR starts_with(ffqn COLLATE "C", %(ffqn_prefix)s::text))
-  AND (%(deployment_id)s::text IS NULL OR deployment_id = %(deployment_id)s::text)
+  AND (%(deployment_id)s::text IS NULL
+       OR deployment_id COLLATE "C" = %(deployment_id)s::text)
   AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
   AND (%(flagged)s::boolean IS NULL OR (flagged_at IS NOT NULL) = %(flagged)s::boolean)
@@ -79,10 +81,11 @@ LIMIT %(limit)s
 SELECT e.* FROM unnest(%(statuses)s::text[]) AS s (status)
 CROSS JOIN LATERAL (
     SELECT * FROM veracity_executions AS x
-    WHERE x.status = s.status
+    WHERE x.status COLLATE "C" = s.status
       AND (%(ffqn_prefix)s::text IS NULL
            OR starts_with(x.ffqn COLLATE "C", %(ffqn_prefix)s::text))
-      AND (%(deployment_id)s::text IS NULL OR x.deployment_id = %(deployment_id)s::text)
+      AND (%(deployment_id)s::text IS NULL
+           OR x.deployment_id COLLATE "C" = %(deployment_id)s::text)
       AND (%(created_after)s::timestamptz IS NULL
            OR x.created_at > %(created_after)s::timestamptz)
       AND (%(created_before)s::timestamptz IS NULL
@@ -93,6 +96,40 @@ CROSS JOIN LATERAL (
     ORDER BY x.created_at DESC, x.id DESC
     LIMIT %(limit)s
 ) AS e
+ORDER BY e.created_at DESC, e.id DESC
+LIMIT %(limit)s
+
+-- name: execution_list_by_ffqn
+-- The same, for an FFQN prefix without statuses: the distinct workflow names with the
+-- prefix, found by skipping through the index veracity_executions_ffqn_created (one probe
+-- per name), then each name's newest rows read in order from it, and merged: a page costs
+-- the page times the number of workflows with the prefix, whatever the history.
+WITH RECURSIVE names (ffqn) AS (
+    SELECT min(ffqn COLLATE "C") FROM veracity_executions
+    WHERE starts_with(ffqn COLLATE "C", %(ffqn_prefix)s::text)
+    UNION ALL
+    SELECT (SELECT min(x.ffqn COLLATE "C") FROM veracity_executions AS x
+            WHERE x.ffqn COLLATE "C" > n.ffqn
+              AND starts_with(x.ffqn COLLATE "C", %(ffqn_prefix)s::text))
+    FROM names AS n WHERE n.ffqn IS NOT NULL
+)
+SELECT e.* FROM names
+CROSS JOIN LATERAL (
+    SELECT * FROM veracity_executions AS x
+    WHERE x.ffqn COLLATE "C" = names.ffqn
+      AND (%(deployment_id)s::text IS NULL
+           OR x.deployment_id COLLATE "C" = %(deployment_id)s::text)
+      AND (%(created_after)s::timestamptz IS NULL
+           OR x.created_at > %(created_after)s::timestamptz)
+      AND (%(created_before)s::timestamptz IS NULL
+           OR x.created_at < %(created_before)s::timestamptz)
+      AND (%(flagged)s::boolean IS NULL OR (x.flagged_at IS NOT NULL) = %(flagged)s::boolean)
+      AND (%(cursor_at)s::timestamptz IS NULL
+           OR (x.created_at, x.id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid))
+    ORDER BY x.created_at DESC, x.id DESC
+    LIMIT %(limit)s
+) AS e
+WHERE names.ffqn IS NOT NULL
 ORDER BY e.created_at DESC, e.id DESC
 LIMIT %(limit)s
 

@@ -338,7 +338,9 @@ class PostgresStore(SharedMethods):
         require_aware(after.created_at if after else None)
         statuses = sorted({str(s) for s in filter.statuses})
         rows = await self._fetchall(
-            "execution_list_by_status" if statuses else "execution_list",
+            "execution_list_by_status" if statuses
+            else "execution_list_by_ffqn" if filter.ffqn_prefix is not None
+            else "execution_list",
             {
                 "statuses": statuses,
                 "ffqn_prefix": filter.ffqn_prefix,

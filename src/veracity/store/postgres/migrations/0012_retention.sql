@@ -12,13 +12,17 @@ CREATE INDEX veracity_messages_execution ON veracity_messages (execution_id);
 
 -- The list's filters, each answering its first page from an index in the list's order
 -- (created_at DESC, id DESC) instead of filtering the whole table: one status, one
--- deployment, flagged executions. An FFQN prefix is a range of the "C" collation: its
--- matching rows are read from this index (and sorted for the page).
+-- deployment, an FFQN prefix (a range of the "C" collation), flagged executions.
+-- The status, deployment and FFQN indexes are keyed on the column COLLATE "C", and only the
+-- list asks for that expression: the claim, lease recovery and every update by id, which
+-- compare the plain columns, cannot pick them. (Keyed on status itself, the index looked
+-- cheapest to the claim on a large table, where pending rows are rare: it then read every
+-- pending row and sorted them, for every claim.)
 CREATE INDEX veracity_executions_status_created
-    ON veracity_executions (status, created_at DESC, id DESC);
+    ON veracity_executions ((status COLLATE "C"), created_at DESC, id DESC);
 CREATE INDEX veracity_executions_deployment_created
-    ON veracity_executions (deployment_id, created_at DESC, id DESC);
-CREATE INDEX veracity_executions_flagged_created
-    ON veracity_executions (created_at DESC, id DESC) WHERE flagged_at IS NOT NULL;
+    ON veracity_executions ((deployment_id COLLATE "C"), created_at DESC, id DESC);
 CREATE INDEX veracity_executions_ffqn_created
     ON veracity_executions ((ffqn COLLATE "C"), created_at DESC, id DESC);
+CREATE INDEX veracity_executions_flagged_created
+    ON veracity_executions (created_at DESC, id DESC) WHERE flagged_at IS NOT NULL;

@@ -10,13 +10,7 @@ CREATE INDEX veracity_executions_ended ON veracity_executions (updated_at, id)
 -- holds only the open ones.
 CREATE INDEX veracity_messages_execution ON veracity_messages (execution_id);
 
--- The list's filters, each answering its first page from an index in the list's order
--- (created_at DESC, id DESC): one status, one deployment, flagged executions, an FFQN.
-CREATE INDEX veracity_executions_status_created
-    ON veracity_executions (status, created_at DESC, id DESC);
-CREATE INDEX veracity_executions_deployment_created
-    ON veracity_executions (deployment_id, created_at DESC, id DESC);
+-- Flagged executions, newest first (veracity list --flagged). The other filters' indexes
+-- are PostgreSQL's: here the list stays as it was.
 CREATE INDEX veracity_executions_flagged_created
     ON veracity_executions (created_at DESC, id DESC) WHERE flagged_at IS NOT NULL;
-CREATE INDEX veracity_executions_ffqn_created
-    ON veracity_executions (ffqn, created_at DESC, id DESC);
