@@ -4,8 +4,8 @@
 validation failure into a one-line ``ConfigError`` naming where the bad value came from:
 ``veracity.toml:3: worker.concurrency: ...``, ``VERACITY_PORT: ...`` or ``--port: ...``.
 A key this version does not implement is never ignored: a misspelled one is an ``unknown
-key``, one that names a feature Veracity does not have yet (``generations``, the generation
-reconciler) is ``not
+key``, one that names a feature Veracity does not have yet (listed in ``NOT_SUPPORTED``; none
+today) is ``not
 supported by this version of Veracity``, and ``tokens`` and ``secrets`` are refused saying
 where they live instead (API tokens: the database, ``veracity token create``; secret values:
 the environment or a secrets file).
@@ -90,8 +90,8 @@ ENV_VARS: dict[str, str] = {
 }
 
 # Top-level keys of features this version does not have: refused at start, never ignored.
-# (generations: the generation reconciler, not in this version)
-NOT_SUPPORTED: frozenset[str] = frozenset({"generations"})
+# (none today: retention, the last one, is here now)
+NOT_SUPPORTED: frozenset[str] = frozenset()
 _NOT_SUPPORTED_REASON = "not supported by this version of Veracity"
 # Top-level keys for what lives elsewhere: refused, saying where.
 ELSEWHERE: dict[str, str] = {
