@@ -25,7 +25,7 @@ run: $(STAMP) ## Run the server on ./veracity.db with the example app (VERACITY_
 	$(BIN)/veracity server
 
 lint: $(STAMP) ## ruff and mypy --strict
-	$(BIN)/ruff check src tests bench tools
+	$(BIN)/ruff check src tests bench tools examples
 	$(BIN)/mypy
 
 test: lint ## Lint, then the whole test suite on one process per core (needs PostgreSQL; see README)

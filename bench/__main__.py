@@ -5,19 +5,38 @@ from __future__ import annotations
 import os
 import platform
 
-from bench import auth, cron, engine, growth, reconciler, submit, wakeups, workers
+from bench import (
+    auth,
+    batch,
+    cron,
+    dashboard,
+    engine,
+    generations,
+    growth,
+    reconciler,
+    startup,
+    submit,
+    waiting,
+    wakeups,
+    workers,
+)
 
 
 def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {platform.platform()}")
     submit.main([])
+    batch.main([])
+    startup.main([])
     workers.main([])
     engine.main([])
     reconciler.main([])
     wakeups.main([])
     cron.main([])
     auth.main([])
+    waiting.main([])
+    dashboard.main([])
+    generations.main([])
     growth.main([])
 
 

@@ -54,13 +54,18 @@ def scratch_pg_database() -> Iterator[str]:
 
 @contextmanager
 def server(database_url: str, app: str = "veracity.examples.shop:app",
-           extra_env: dict[str, str] | None = None) -> Iterator[str]:
+           extra_env: dict[str, str] | None = None,
+           pids: list[int] | None = None) -> Iterator[str]:
+    """A ``veracity server`` on a free port, yielding its URL (and appending its process
+    id to ``pids``, if given)."""
     port = free_port()
     env = dict(os.environ, VERACITY_DATABASE_URL=database_url, VERACITY_APP=app,
                VERACITY_PORT=str(port), VERACITY_LOG_LEVEL="warning", **(extra_env or {}))
     proc = subprocess.Popen([veracity_bin(), "server"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
+    if pids is not None:
+        pids.append(proc.pid)
     try:
         deadline = time.monotonic() + 20
         while True:

@@ -37,3 +37,53 @@ def test_importing_veracity_loads_neither_the_server_nor_the_database_drivers() 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_veracity_version_answers_without_loading_the_commands() -> None:
+    """`veracity --version` prints what click's version option prints, from the console
+    script's entry point alone (veracity.cli.main and what it imports stay unloaded)."""
+    from click.testing import CliRunner
+
+    from veracity.cli.main import cli
+
+    expected = CliRunner().invoke(cli, ["--version"], prog_name="veracity").output
+    code = ("import sys; sys.argv = ['veracity', '--version']; import veracity.cli; "
+            "veracity.cli.main(); print(sorted(m for m in ('veracity.cli.main', 'click', "
+            "'pydantic', 'psycopg', 'fastapi', 'veracity.store') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout == expected + "[]\n", out.stdout
+
+
+def test_the_cli_package_still_names_the_click_group() -> None:
+    import veracity.cli
+    from veracity.cli.main import cli
+
+    assert veracity.cli.cli is cli
+    try:
+        veracity.cli.nope  # noqa: B018
+    except AttributeError as exc:
+        assert "nope" in str(exc)
+    else:
+        raise AssertionError("no AttributeError")
+
+
+def test_the_cli_reads_the_api_schemas_without_the_web_framework() -> None:
+    code = ("import sys, veracity.api.schemas, veracity.control; "
+            "print(sorted(m for m in ('fastapi', 'aiohttp', 'veracity.adapters.n8n') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_worker_starts_without_the_web_stack() -> None:
+    """What `veracity worker` imports before its first claim (bench/startup.py times it):
+    neither the web framework nor an HTTP client (ctx.http's loads for the first execution
+    run, an engine's adapter only when one is configured)."""
+    code = ("import sys, veracity.cli.main, veracity.worker.main, veracity.worker.runner; "
+            "print(sorted(m for m in ('fastapi', 'starlette', 'httpx', 'aiohttp', "
+            "'veracity.api.schemas', 'veracity.adapters.n8n') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, field_validator
 from pydantic_core import PydanticCustomError
 
@@ -187,6 +186,8 @@ class HttpBinding(BaseModel):
 def parse_origin(text: str) -> tuple[str, str, int]:
     """``(scheme, host, port)`` of an origin such as ``https://api.example.com`` (host in
     lower case, IDNA-encoded; port made explicit). Raises ``PydanticCustomError``."""
+    import httpx  # loaded only when a configuration has [[http]] entries
+
     shown = text
     text = text.strip()
     try:

@@ -12,16 +12,16 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from veracity._ids import new_execution_id, parse_execution_id
-from veracity.adapters.looks import Look, Looker
 from veracity.core.cron import CronEntry
-from veracity.core.deployments import Coverage, LiveWorker
+from veracity.core.deployments import Coverage, LiveWorker, is_live
 from veracity.core.ffqn import (
     CANCELLABLE_SUFFIX,
     InvalidFfqn,
@@ -29,6 +29,7 @@ from veracity.core.ffqn import (
     validate_ffqn,
     validate_ffqn_prefix,
 )
+from veracity.core.params import ParamsShape
 from veracity.core.reconcile import FlagKind, WriteKind
 from veracity.core.requests import CallbackOutcome, CallbackReport, ResolveAction
 from veracity.core.states import Status
@@ -45,6 +46,7 @@ from veracity.core.tokens import (
     parse_scopes,
     state,
 )
+from veracity.core.waiting import SHOWN_CHILDREN, Children, Facts, Holder, waiting_reason
 from veracity.errors import (
     BadRequest,
     Conflict,
@@ -53,10 +55,12 @@ from veracity.errors import (
     NotFound,
     PayloadTooLarge,
     Unauthorized,
+    VeracityError,
 )
 from veracity.models import (
     JSON,
     ApiToken,
+    BatchConflict,
     ControlResult,
     CronRecord,
     DeploymentSummary,
@@ -67,10 +71,15 @@ from veracity.models import (
     Message,
     NewApiToken,
     NewExecution,
+    WaitRecord,
     WorkerRecord,
 )
 from veracity.store.protocol import ControlStore
 from veracity.telemetry import Telemetry
+from veracity.waiting import EndWaits
+
+if TYPE_CHECKING:
+    from veracity.adapters.looks import Look, Looker
 from veracity.worker.journal import retry_replay
 
 log = logging.getLogger("veracity.control")
@@ -81,6 +90,15 @@ MAX_IDEMPOTENCY_KEY = 256
 MAX_JSON_DEPTH = 128
 MAX_TOPIC_LENGTH = 256
 MAX_DEPLOYMENT_ID = 128
+MAX_ACTOR = 200
+MAX_REASON = 2000
+MAX_WORKERS_READ = 1000
+"""Workers read for waiting reasons (the newest ones; a lease holder older than these is
+told as not registered)."""
+MAX_BATCH = 1000
+"""Submissions one batch may carry (POST /v1/executions/batch)."""
+MAX_WAIT = 60.0
+"""Seconds one wait for an execution's end may last (GET ...?wait=)."""
 # PostgreSQL's timestamptz ends at 294276 AD; keep far from both ends of every backend
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
@@ -91,7 +109,7 @@ class Page:
     items: list[Execution]
     next_cursor: str | None
     waiting: dict[uuid.UUID, str] = field(default_factory=dict)
-    """For unfinished executions that no live worker will run: why they wait."""
+    """For each unfinished execution: why it is not finished yet (core.waiting)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +181,17 @@ class AdoptOutcome:
     execution_ids: list[uuid.UUID]
 
 
+@dataclass(frozen=True, slots=True)
+class SubmitItem:
+    """One submission of a batch (:meth:`ExecutionService.submit_many`)."""
+
+    ffqn: str
+    params: Sequence[JSON] = ()
+    idempotency_key: str | None = None
+    scheduled_at: datetime | None = None
+    paused: bool = False
+
+
 def canonical_json(value: JSON) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False)
@@ -171,14 +200,22 @@ def canonical_json(value: JSON) -> str:
 def request_digest(
     ffqn: str, params: list[JSON], scheduled_at: datetime | None, paused: bool = False
 ) -> str:
-    body: dict[str, JSON] = {
-        "ffqn": ffqn,
-        "params": params,
-        "scheduled_at": scheduled_at.astimezone(UTC).isoformat() if scheduled_at else None,
-    }
-    if paused:  # only when set, so digests of earlier requests stay the same
-        body["paused"] = True
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    """The digest of a submission's request, stored with an idempotency key: a SHA-256 of
+    the canonical JSON of ``{ffqn, params, scheduled_at}`` (and ``paused`` only when set,
+    so that digests of earlier requests stay the same)."""
+    return digest_of(ffqn, canonical_json(params), scheduled_at, paused)
+
+
+def digest_of(ffqn: str, params_json: str, scheduled_at: datetime | None,
+              paused: bool = False) -> str:
+    """:func:`request_digest` from the params' canonical JSON, already made: the
+    canonical JSON of the whole body is written out (keys in sorted order) instead of
+    encoding the params again."""
+    when = json.dumps(scheduled_at.astimezone(UTC).isoformat() if scheduled_at else None)
+    held = ',"paused":true' if paused else ""
+    text = (f'{{"ffqn":{json.dumps(ffqn, ensure_ascii=False)},"params":{params_json}'
+            f'{held},"scheduled_at":{when}}}')
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def encode_cursor(execution: Execution) -> str:
@@ -233,6 +270,18 @@ def check_depth(what: str, value: JSON) -> None:
             stack.extend((child, depth + 1) for child in children)
 
 
+class InvalidBatch(InvalidInput):
+    """A batch with bad items: each listed by index with its own code and message."""
+
+    def __init__(self, bad: list[dict[str, object]]) -> None:
+        first = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        super().__init__(
+            f"{len(bad)} bad item(s) in the batch, at {', '.join(str(b['index']) for b in bad)}; "
+            f"nothing was submitted. Item {first['index']}: {first['message']}{more}",
+            code="invalid_batch", items=bad)
+
+
 class ExecutionService:
     def __init__(
         self,
@@ -247,10 +296,20 @@ class ExecutionService:
         looker: Looker | None = None,
         metrics: ServiceMetrics | None = None,
         crons: Sequence[CronEntry] = (),
+        recovery_interval: timedelta = timedelta(seconds=30),
+        max_attempts: int = 5,
+        shapes: Mapping[str, ParamsShape] | None = None,
     ) -> None:
+        self.recovery_interval = recovery_interval
+        """How often lease recovery runs (``recovery.interval``): for waiting reasons."""
+        self.max_attempts = max_attempts
+        """Lease recovery's ``recovery.max_attempts``: for waiting reasons."""
         self.looker = looker
         """Takes looks at delegated runs (resolve, cancel); None: no engine is configured
         here, and a delegated run's engine cannot be asked."""
+        self.shapes = dict(shapes or {})
+        """The parameters each workflow of the app takes: params are checked against
+        them at submission (a workflow without one, e.g. an external one, is not)."""
         self.metrics = metrics
         self.telemetry: Telemetry | None = None
         """Where this process counts what it does (docs/operations.md, Metrics)."""
@@ -265,6 +324,7 @@ class ExecutionService:
         acts at its next step instead of at its next heartbeat)."""
         self.cron_entries = list(crons)
         """The configuration's ``[[cron]]`` entries (docs/cron.md)."""
+        self._waits: EndWaits | None = None
 
     def _check_workflow(self, ffqn: str) -> None:
         try:
@@ -277,16 +337,63 @@ class ExecutionService:
                 f"unknown workflow {ffqn!r} (known: {known})", code="unknown_workflow"
             )
 
-    def _check_payload(self, what: str, value: JSON) -> None:
-        check_depth(what, value)
+    def _check_payload(self, what: str, value: JSON) -> str:
+        """Check a JSON value (depth, size, what JSON can carry); its canonical JSON."""
         try:
-            encoded = canonical_json(value).encode()
+            text = canonical_json(value)
+            size = len(text.encode())  # and a lone surrogate is refused here
+        except RecursionError:
+            raise InvalidInput(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels",
+                               code="invalid_json") from None
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"{what} is not JSON: {exc}", code="invalid_json") from None
-        if len(encoded) > self.max_payload_bytes:
+        if len(text) > MAX_JSON_DEPTH:  # shorter, it cannot nest that deep
+            check_depth(what, value)
+        if size > self.max_payload_bytes:
             raise PayloadTooLarge(
-                f"{what} is {len(encoded)} bytes; the limit is {self.max_payload_bytes}"
+                f"{what} is {size} bytes; the limit is {self.max_payload_bytes}"
             )
+        return text
+
+    def _check_params(self, ffqn: str, params: Sequence[JSON]) -> None:
+        shape = self.shapes.get(ffqn)
+        problem = shape.problem(params) if shape is not None else None
+        if problem is not None:
+            raise InvalidInput(f"params do not fit workflow {ffqn}: {problem}",
+                               code="invalid_params")
+
+    def _new(self, item: SubmitItem) -> NewExecution:
+        """Check one submission whole (bad input raises, naming what is wrong) and build
+        the execution to insert."""
+        self._check_workflow(item.ffqn)
+        params = item.params
+        if isinstance(params, str | bytes) or not isinstance(params, Sequence):
+            raise InvalidInput("params must be a JSON array", code="invalid_params")
+        param_list = list(params)
+        params_json = self._check_payload("params", param_list)
+        self._check_params(item.ffqn, param_list)
+        key = item.idempotency_key
+        if key is not None and "\x00" in key:
+            raise InvalidInput("idempotency_key must not contain NUL characters",
+                               code="invalid_idempotency_key")
+        if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY:
+            raise InvalidInput(
+                f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
+                code="invalid_idempotency_key",
+            )
+        check_time("scheduled_at", item.scheduled_at)
+        digest = (digest_of(item.ffqn, params_json, item.scheduled_at, item.paused)
+                  if key else None)
+        return NewExecution(
+            ffqn=item.ffqn,
+            params=param_list,
+            deployment_id=self.deployment_id,
+            id=new_execution_id(),
+            idempotency_key=key,
+            request_digest=digest,
+            scheduled_at=item.scheduled_at,
+            paused=item.paused,
+        )
 
     async def submit(
         self,
@@ -298,38 +405,13 @@ class ExecutionService:
         paused: bool = False,
     ) -> tuple[Execution, bool]:
         """Create a pending execution; returns it and whether it was created now."""
-        self._check_workflow(ffqn)
-        if isinstance(params, str | bytes) or not isinstance(params, Sequence):
-            raise InvalidInput("params must be a JSON array", code="invalid_params")
-        param_list = list(params)
-        self._check_payload("params", param_list)
-        if idempotency_key is not None and "\x00" in idempotency_key:
-            raise InvalidInput("idempotency_key must not contain NUL characters",
-                               code="invalid_idempotency_key")
-        if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
-            raise InvalidInput(
-                f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
-                code="invalid_idempotency_key",
-            )
-        check_time("scheduled_at", scheduled_at)
-        digest = request_digest(ffqn, param_list, scheduled_at, paused)
-        submitted = await self.store.execution_submit(
-            NewExecution(
-                ffqn=ffqn,
-                params=param_list,
-                deployment_id=self.deployment_id,
-                id=new_execution_id(),
-                idempotency_key=idempotency_key,
-                request_digest=digest if idempotency_key else None,
-                scheduled_at=scheduled_at,
-                paused=paused,
-            )
-        )
+        new = self._new(SubmitItem(ffqn, params, idempotency_key, scheduled_at, paused))
+        submitted = await self.store.execution_submit(new)
         if submitted.created and self.on_submitted is not None:
             self.on_submitted()
         if self.telemetry is not None:
-            self.telemetry.submitted(ffqn, created=submitted.created)
-        if not submitted.created and submitted.request_digest != digest:
+            self.telemetry.submitted(new.ffqn, created=submitted.created)
+        if not submitted.created and submitted.request_digest != new.request_digest:
             raise Conflict(
                 f"idempotency key {idempotency_key!r} was used for a different request "
                 f"(execution {submitted.execution.id})",
@@ -337,12 +419,92 @@ class ExecutionService:
             )
         return submitted.execution, submitted.created
 
+    def prepare_many(self, items: Sequence[SubmitItem],
+                     refused: Mapping[int, VeracityError] | None = None) -> list[NewExecution]:
+        """Check every submission of a batch before anything is written: one or more bad
+        ones raise ``invalid_batch`` (422) listing each by index, with its code and
+        message (``items``). ``refused``: items the caller found bad already (by index:
+        why), listed with the others."""
+        out: list[NewExecution] = []
+        bad: list[dict[str, object]] = []
+        for index, item in enumerate(items):
+            try:
+                if refused and index in refused:
+                    raise refused[index]
+                out.append(self._new(item))
+            except VeracityError as exc:
+                bad.append({"index": index, "code": exc.code, "message": exc.message})
+        if bad:
+            raise InvalidBatch(bad)
+        return out
+
+    async def submit_many(self, items: Sequence[SubmitItem]) -> list[tuple[Execution, bool]]:
+        """Submit up to MAX_BATCH executions in one transaction, answered in order, each
+        with whether it was created now. Each idempotency key works as for :meth:`submit`
+        (a key repeated inside the batch answers the first one's execution). Nothing is
+        written when the batch is too large (413), any item is bad (422
+        ``invalid_batch``) or reuses a key for a different request (409
+        ``idempotency_conflict``, naming the items)."""
+        if len(items) > MAX_BATCH:
+            raise PayloadTooLarge(f"a batch takes at most {MAX_BATCH:,} submissions; this "
+                                  f"one has {len(items):,}")
+        return await self.submit_prepared(self.prepare_many(items))
+
+    async def submit_prepared(self, news: Sequence[NewExecution]
+                              ) -> list[tuple[Execution, bool]]:
+        """Insert submissions :meth:`prepare_many` checked, in one transaction."""
+        try:
+            submitted = await self.store.execution_submit_many(news)
+        except BatchConflict as exc:
+            raise Conflict(
+                f"idempotency keys used before for a different request, at item(s) "
+                f"{', '.join(map(str, exc.indexes))}; nothing was submitted",
+                code="idempotency_conflict",
+                items=[{"index": i, "code": "idempotency_conflict",
+                        "message": f"idempotency key {news[i].idempotency_key!r} names "
+                                   f"execution {exc.existing[i]}, submitted with a "
+                                   "different request",
+                        "execution_id": str(exc.existing[i])} for i in exc.indexes],
+            ) from None
+        if any(s.created for s in submitted) and self.on_submitted is not None:
+            self.on_submitted()
+        if self.telemetry is not None:
+            for s in submitted:
+                self.telemetry.submitted(s.execution.ffqn, created=s.created)
+        return [(s.execution, s.created) for s in submitted]
+
     async def get(self, execution_id: str | uuid.UUID) -> Execution:
         ident = execution_id if isinstance(execution_id, uuid.UUID) else parse_id(execution_id)
         found = await self.store.execution_get(ident)
         if found is None:
             raise NotFound(f"execution {ident} does not exist")
         return found
+
+    async def wait(self, execution_id: str | uuid.UUID, timeout: float) -> Execution:
+        """The execution as soon as it is terminal, or as it is after ``timeout`` seconds
+        (0 to MAX_WAIT): woken by the store's end signals, not by polling
+        (veracity/waiting.py)."""
+        if not 0 <= timeout <= MAX_WAIT:
+            raise InvalidInput(f"wait must be between 0 and {MAX_WAIT:g} seconds",
+                               code="invalid_wait")
+        execution = await self.get(execution_id)
+        if execution.status.is_terminal or timeout == 0:
+            return execution
+        if self._waits is None:
+            self._waits = EndWaits(self.store)
+        await self._waits.wait(execution.id, timeout)
+        return await self.get(execution.id)
+
+    def release_waits(self) -> None:
+        """Answer every wait under way now, and any new one at once (the server stops)."""
+        if self._waits is None:
+            self._waits = EndWaits(self.store)
+        self._waits.release()
+
+    async def close(self) -> None:
+        """Stop what waits for executions to end (its listener's connection)."""
+        if self._waits is not None:
+            await self._waits.close()
 
     async def page(
         self, filter: ExecutionFilter, *, limit: int = 50, cursor: str | None = None
@@ -361,8 +523,12 @@ class ExecutionService:
     async def workers(self, *, limit: int = 1000) -> list[WorkerView]:
         records = await self.store.worker_list(limit=limit)
         now = await self.store.db_now()
-        return [WorkerView(r, r.stopped_at is None and now - r.last_heartbeat <= self.live_within)
-                for r in records]
+        return [WorkerView(r, self._live(r, now)) for r in records]
+
+    def _live(self, r: WorkerRecord, now: datetime) -> bool:
+        return is_live(stopped_at=r.stopped_at, last_heartbeat=r.last_heartbeat,
+                       heartbeat_interval=r.heartbeat_interval, now=now,
+                       live_within=self.live_within)
 
     async def crons(self) -> list[CronView]:
         """Each configured cron entry with its last slot, the execution that slot started
@@ -375,22 +541,52 @@ class ExecutionService:
                 for e in self.cron_entries]
 
     async def waiting_reasons(self, items: Sequence[Execution]) -> dict[uuid.UUID, str]:
-        """Why unfinished executions wait that no live worker will run
-        (:mod:`veracity.core.deployments`): their workflow is registered by no live worker,
-        or their deployment has no live worker (stranded), or its live workers do not run
-        their workflow."""
+        """Why each unfinished execution is not finished yet, in words
+        (:mod:`veracity.core.waiting`): asleep until T, waiting for a message or for
+        children, paused by whom, held by which worker and what recovery will do, scheduled
+        for T; and, when no live worker will run it (:mod:`veracity.core.deployments`), why.
+        Read in a fixed number of statements however many items (no query per item)."""
         unfinished = [e for e in items if not e.status.is_terminal]
         if not unfinished:
             return {}
+        records = await self.store.worker_list(limit=MAX_WORKERS_READ)
+        now = await self.store.db_now()
+        views = [WorkerView(r, self._live(r, now)) for r in records]
+        by_id = {v.record.id: v for v in views}
         coverage = Coverage(
             LiveWorker(v.record.deployment_id, frozenset(v.record.ffqns),
                        frozenset(v.record.upgrade_ffqns))
-            for v in await self.workers() if v.live)
+            for v in views if v.live)
+        waits = await self.store.execution_waits(
+            [e.id for e in unfinished if e.status in (Status.BLOCKED, Status.PAUSED)],
+            shown_children=SHOWN_CHILDREN)
         reasons: dict[uuid.UUID, str] = {}
         for e in unfinished:
-            reason = coverage.waiting_reason(
-                status=e.status, ffqn=e.ffqn, deployment_id=e.deployment_id,
-                delegated=e.status == Status.RUNNING and e.engine is not None)
+            wait = waits.get(e.id, WaitRecord())
+            holder = None
+            if e.lease_owner is not None:
+                view = by_id.get(e.lease_owner)
+                holder = Holder(e.lease_owner, view.record.last_heartbeat if view else None,
+                                view.live if view else False)
+            reason = waiting_reason(Facts(
+                status=e.status, now=now, scheduled_at=e.scheduled_at,
+                deployment_id=e.deployment_id, attempt=e.attempt, wake_at=e.wake_at,
+                lease_owner=e.lease_owner, lease_expires_at=e.lease_expires_at,
+                holder=holder, cancel_requested_at=e.cancel_requested_at,
+                pause_requested_at=e.pause_requested_at, paused_from=e.paused_from,
+                engine=e.engine, external_execution_id=e.external_execution_id,
+                triggered_at=e.triggered_at, flag_reason=e.flag_reason,
+                end_requested_at=e.end_requested_at,
+                blocked=_mapping(wait.events.get("blocked")),
+                paused=_mapping(wait.events.get("paused")),
+                pause_requested=_mapping(wait.events.get("pause_requested")),
+                children={js: Children(n, tuple(first))
+                          for js, (n, first) in wait.children.items()},
+                coverage=coverage.waiting_reason(
+                    status=e.status, ffqn=e.ffqn, deployment_id=e.deployment_id,
+                    delegated=e.status == Status.RUNNING and e.engine is not None),
+                recovery_interval=self.recovery_interval, max_attempts=self.max_attempts,
+            ))
             if reason is not None:
                 reasons[e.id] = reason
         return reasons
@@ -466,8 +662,8 @@ class ExecutionService:
                            state=str(result.execution.status))
         return result.execution
 
-    async def cancel(self, execution_id: str | uuid.UUID, *, actor: str | None = None
-                     ) -> tuple[Execution, bool]:
+    async def cancel(self, execution_id: str | uuid.UUID, *, actor: str | None = None,
+                     reason: str | None = None) -> tuple[Execution, bool]:
         """Cancel (docs/workflows.md): only -cancellable workflows; terminal or repeated: no
         change."""
         execution = await self.get(execution_id)
@@ -481,7 +677,7 @@ class ExecutionService:
                 "visible and uses no worker.",
                 code="not_cancellable", state=str(execution.status),
             )
-        result = await self.store.execution_cancel(execution.id, actor=actor)
+        result = await self.store.execution_cancel(execution.id, actor=actor, reason=reason)
         cancelled = self._found(execution.id, result)
         if result.changed:
             self._ended(cancelled)
@@ -495,8 +691,8 @@ class ExecutionService:
             cancelled = await self.get(cancelled.id) if look.action else cancelled
         return cancelled, result.changed
 
-    async def retry(self, execution_id: str | uuid.UUID, *, actor: str | None = None
-                    ) -> Execution:
+    async def retry(self, execution_id: str | uuid.UUID, *, actor: str | None = None,
+                    reason: str | None = None) -> Execution:
         """A new execution retrying a failed (or failed_transient) one: linked to it
         (``retry_of``), in the current deployment, replaying the failed run's recorded calls
         up to its failure (its first failed step, child or schedule) and running on from
@@ -518,31 +714,43 @@ class ExecutionService:
                            deployment_id=self.deployment_id, id=new_execution_id(),
                            retry_of=old.id)
         result = await self.store.execution_retry(old.id, new, retry_replay(history),
-                                                  actor=actor)
+                                                  actor=actor, reason=reason)
         created = self._found(old.id, result)
         if self.on_submitted is not None:
             self.on_submitted()
         return created
 
-    async def pause(self, execution_id: str | uuid.UUID, *, actor: str | None = None
-                    ) -> tuple[Execution, bool]:
+    async def pause(self, execution_id: str | uuid.UUID, *, actor: str | None = None,
+                    reason: str | None = None) -> tuple[Execution, bool]:
+        """Hold it: pending and blocked ones at once, a running one at its next step
+        boundary. ``actor`` and ``reason`` (who and why) are recorded in its history and
+        said by its waiting reason."""
         ident = await self._ident(execution_id)
-        result = await self.store.execution_pause(ident, actor=actor)
+        if actor is not None and (not 1 <= len(actor) <= MAX_ACTOR or "\x00" in actor
+                                  or not actor.strip()):
+            raise InvalidInput(f"by must be 1 to {MAX_ACTOR} characters, not only spaces "
+                               "(no NUL)", code="invalid_input")
+        if reason is not None and (not 1 <= len(reason) <= MAX_REASON or "\x00" in reason
+                                   or not reason.strip()):
+            raise InvalidInput(f"a reason is 1 to {MAX_REASON} characters, not only spaces "
+                               "(no NUL)", code="invalid_reason")
+        result = await self.store.execution_pause(ident, actor=actor, reason=reason)
         paused = self._found(ident, result)
         if result.changed and paused.status == Status.RUNNING and self.on_interrupt is not None:
             self.on_interrupt(ident)
         return paused, result.changed
 
-    async def unpause(self, execution_id: str | uuid.UUID, *, actor: str | None = None
-                      ) -> tuple[Execution, bool]:
+    async def unpause(self, execution_id: str | uuid.UUID, *, actor: str | None = None,
+                      reason: str | None = None) -> tuple[Execution, bool]:
         ident = await self._ident(execution_id)
-        result = await self.store.execution_unpause(ident, actor=actor)
+        result = await self.store.execution_unpause(ident, actor=actor, reason=reason)
         execution = self._found(ident, result)
         if result.changed and self.on_submitted is not None:
             self.on_submitted()
         return execution, result.changed
 
-    async def send(self, execution_id: str | uuid.UUID, topic: str, payload: JSON
+    async def send(self, execution_id: str | uuid.UUID, topic: str, payload: JSON, *,
+                   actor: str | None = None, reason: str | None = None
                    ) -> tuple[Execution, Message]:
         ident = await self._ident(execution_id)
         if not isinstance(topic, str) or not 1 <= len(topic) <= MAX_TOPIC_LENGTH \
@@ -550,7 +758,8 @@ class ExecutionService:
             raise InvalidInput(f"topic must be 1 to {MAX_TOPIC_LENGTH} characters (no NUL)",
                                code="invalid_topic")
         self._check_payload("payload", payload)
-        result = await self.store.message_send(ident, topic, payload)
+        result = await self.store.message_send(ident, topic, payload, actor=actor,
+                                               reason=reason)
         execution = self._found(ident, result)
         assert result.message is not None
         if self.on_submitted is not None:
@@ -671,6 +880,8 @@ class ExecutionService:
             code="engine_not_confirmed", state=str(after.status))
 
     async def _look_and_apply(self, execution: Execution, *, by: str) -> Look:
+        from veracity.adapters.looks import Looker  # the engines' HTTP stack: on first use
+
         looker = self.looker or Looker({}, {})
         look = await looker.look(execution, await self.store.db_now(), by=by)
         if look.action is not None:
@@ -699,6 +910,49 @@ class ExecutionService:
 
     async def flag_counts(self) -> dict[str, int]:
         return await self.store.execution_flag_counts()
+
+    # -- the dashboard's reads (docs/dashboard.md) ---------------------------------------
+
+    async def counts_in(self, statuses: Sequence[str]) -> dict[str, int]:
+        """How many executions there are in each of ``statuses``, terminal ones too."""
+        return await self.store.execution_counts_in(statuses)
+
+    async def history_kinds(self, execution_id: str | uuid.UUID) -> dict[str, int]:
+        """How many events of each kind the execution's history holds."""
+        execution = await self.get(execution_id)
+        return await self.store.history_kind_counts(execution.id)
+
+    async def history_page_of_kinds(
+        self, execution_id: str | uuid.UUID, kinds: Sequence[str], *, after_seq: int = 0,
+        limit: int = 1000,
+    ) -> tuple[list[HistoryEvent], int | None]:
+        """As :meth:`history_page`, only events of ``kinds`` (every kind when empty)."""
+        if not kinds:
+            return await self.history_page(execution_id, after_seq=after_seq, limit=limit)
+        execution = await self.get(execution_id)
+        if not 1 <= limit <= MAX_HISTORY_LIMIT:
+            raise InvalidInput(f"limit must be between 1 and {MAX_HISTORY_LIMIT}",
+                               code="invalid_limit")
+        events = await self.store.history_list_kinds(execution.id, kinds, after_seq=after_seq,
+                                                     limit=limit + 1)
+        page = events[:limit]
+        return page, (page[-1].seq if len(events) > limit else None)
+
+    async def descendants(self, root: uuid.UUID, *, limit: int = 500
+                          ) -> dict[uuid.UUID, list[Execution]]:
+        """The tree under ``root``, level by level, at most ``limit`` executions: each
+        parent's id to its children, oldest first."""
+        tree: dict[uuid.UUID, list[Execution]] = {}
+        level = [root]
+        seen = 0
+        while level and seen < limit:
+            found = await self.store.execution_children_of(level, limit=limit - seen)
+            seen += len(found)
+            for child in found:
+                assert child.parent_id is not None
+                tree.setdefault(child.parent_id, []).append(child)
+            level = [c.id for c in found]
+        return tree
 
     async def _ident(self, execution_id: str | uuid.UUID) -> uuid.UUID:
         return execution_id if isinstance(execution_id, uuid.UUID) else parse_id(execution_id)
@@ -808,3 +1062,7 @@ class TokenService:
                 log.warning("could not record the use of API token %r: %s", record.name,
                             exc, extra={"domain": "api"})
         return record
+
+
+def _mapping(value: JSON) -> dict[str, JSON] | None:
+    return value if isinstance(value, dict) else None

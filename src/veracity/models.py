@@ -100,6 +100,17 @@ class Submitted:
     """The digest stored with the existing execution (to detect a different body)."""
 
 
+class BatchConflict(Exception):
+    """A batch submission refused whole, nothing written: the items at ``indexes`` reuse an
+    idempotency key with a different request (``existing``: the execution each key names,
+    by index)."""
+
+    def __init__(self, indexes: list[int], existing: dict[int, uuid.UUID]) -> None:
+        super().__init__(f"idempotency keys reused with a different request at {indexes}")
+        self.indexes = indexes
+        self.existing = existing
+
+
 @dataclass(frozen=True, slots=True)
 class ListCursor:
     """Keyset position: the (created_at, id) of the last row of the previous page."""
@@ -146,6 +157,21 @@ class LeaseSettings:
     ttl: timedelta = field(default=timedelta(seconds=120))
 
 
+WAIT_EVENT_KINDS = ("blocked", "paused", "pause_requested")
+"""The history events that say what an unfinished execution waits for, and who paused it."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitRecord:
+    """What the history and the children of one execution say about its wait (for its
+    ``waiting_reason``: :mod:`veracity.core.waiting`)."""
+
+    events: dict[str, JSON] = field(default_factory=dict)
+    """The data of its newest event of each kind in :data:`WAIT_EVENT_KINDS` it has."""
+    children: dict[str | None, tuple[int, list[uuid.UUID]]] = field(default_factory=dict)
+    """Its unfinished children by join set: how many, and the oldest few of them."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """What a worker says about itself when it registers."""
@@ -159,6 +185,9 @@ class WorkerInfo:
     upgrade_ffqns: list[str] = field(default_factory=list)
     """The workflows of ``ffqns`` it claims from every deployment (registered with
     ``upgrade="auto"``); the others only from its own deployment."""
+    heartbeat_interval: float | None = None
+    """Seconds between its heartbeats: it is not live once a beat is late by more than
+    two intervals (:func:`veracity.core.deployments.is_live`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +202,8 @@ class WorkerRecord:
     last_heartbeat: datetime
     stopped_at: datetime | None
     upgrade_ffqns: list[str] = field(default_factory=list)
+    heartbeat_interval: float | None = None
+    """Seconds between its heartbeats; None for a worker that did not record it."""
 
 
 @dataclass(frozen=True, slots=True)

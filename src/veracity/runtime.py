@@ -15,6 +15,7 @@ from veracity.app import App, load_app
 from veracity.config import Settings
 from veracity.control import ExecutionService
 from veracity.core.cron import CronEntry, parse_cron_entries
+from veracity.core.params import ParamsShape
 from veracity.store import Store, open_store
 
 
@@ -33,6 +34,7 @@ class Runtime:
 
     async def close(self) -> None:
         try:
+            await self.service.close()
             await close_engines(self.engines)
         finally:
             await self.store.close()
@@ -67,6 +69,16 @@ def cron_entries(settings: Settings, app: App | None, external: ExternalConfig
                               max_payload_bytes=settings.max_payload_bytes)
 
 
+def shapes_of(app: App | None) -> dict[str, ParamsShape]:
+    """The parameters each of the app's workflows takes (checked at submission)."""
+    out: dict[str, ParamsShape] = {}
+    for ffqn, wf in (app.workflows if app else {}).items():
+        shape = ParamsShape.of(wf.fn)
+        if shape is not None:
+            out[ffqn] = shape
+    return out
+
+
 def deployment_id_for(settings: Settings, app: App | None) -> str:
     if settings.deployment_id:
         return settings.deployment_id
@@ -95,10 +107,14 @@ async def open_runtime(settings: Settings, *, migrate: bool = False,
             workflows=workflows_of(app, external),
             deployment_id=deployment_id,
             max_payload_bytes=settings.max_payload_bytes,
-            # a worker that has not renewed for a whole lease TTL is taken for dead
+            # a worker is live for at most one lease TTL after its last heartbeat (sooner
+            # not live when it records its heartbeat interval: core.deployments.is_live)
             live_within=timedelta(seconds=settings.worker.lease_ttl),
             looker=build_looker(settings, external, adapters),
             crons=crons,
+            recovery_interval=timedelta(seconds=settings.recovery.interval),
+            max_attempts=settings.recovery.max_attempts,
+            shapes=shapes_of(app),
         )
     except BaseException:
         await close_engines(adapters)

@@ -10,6 +10,7 @@ refuses to serve a non-loopback address without API tokens unless told ``--insec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -17,6 +18,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Generator
 from contextlib import asynccontextmanager, contextmanager
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -27,7 +29,7 @@ from veracity.api.transport import protocol_with
 from veracity.app import App
 from veracity.bindings import resolve_http
 from veracity.config import Settings, is_loopback
-from veracity.control import ServiceMetrics, TokenService
+from veracity.control import ExecutionService, ServiceMetrics, TokenService
 from veracity.core.tokens import TokenState
 from veracity.errors import ConfigError
 from veracity.maintenance._loop import run_forever
@@ -45,7 +47,20 @@ log = logging.getLogger("veracity.server")
 
 class _Server(uvicorn.Server):
     """uvicorn's server, except that a graceful stop on SIGTERM/SIGINT exits with 0
-    instead of re-raising the signal once shut down."""
+    instead of re-raising the signal once shut down, and answers the long polls under way
+    at once (``?wait=``: with the state their executions have) instead of waiting for
+    them to time out."""
+
+    def __init__(self, config: uvicorn.Config, api: FastAPI) -> None:
+        super().__init__(config)
+        self.api = api
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        service: ExecutionService | None = getattr(self.api.state, "service", None)
+        if service is not None:
+            with contextlib.suppress(RuntimeError):  # no loop runs any more
+                asyncio.get_running_loop().call_soon_threadsafe(service.release_waits)
 
     @contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -199,7 +214,7 @@ async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:
         http=protocol_with(settings.server.read_timeout),
         limit_concurrency=settings.server.max_connections,
     )
-    server = _Server(config)
+    server = _Server(config, api)
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.02)

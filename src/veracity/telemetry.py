@@ -14,13 +14,15 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from starlette.routing import BaseRoute, Match
 
 from veracity.core.states import Status
 from veracity.models import Execution
+
+if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
                    900, 3600, 6 * 3600, 86400)
@@ -162,6 +164,8 @@ class HttpMetrics:
         route = scope.get("route")
         if route is not None and getattr(route, "path", None):
             return str(route.path)
+        from starlette.routing import Match  # the server's, loaded by it already
+
         partial = None
         for candidate in self.routes:
             match, _ = candidate.matches(scope)

@@ -20,10 +20,12 @@ class Registered:
 
 
 def info(worker_id: str, *, pid: int, ffqns: list[str], concurrency: int = 4,
-         deployment_id: str = "d-test", upgrade_ffqns: list[str] | None = None) -> WorkerInfo:
+         deployment_id: str = "d-test", upgrade_ffqns: list[str] | None = None,
+         heartbeat_interval: float | None = None) -> WorkerInfo:
     return WorkerInfo(id=worker_id, host=f"host-{worker_id}.example", pid=pid,
                       deployment_id=deployment_id, ffqns=ffqns, concurrency=concurrency,
-                      upgrade_ffqns=upgrade_ffqns or [])
+                      upgrade_ffqns=upgrade_ffqns or [],
+                      heartbeat_interval=heartbeat_interval)
 
 
 async def register_workers(database_url: str) -> list[Registered]:
@@ -45,9 +47,10 @@ async def register_workers(database_url: str) -> list[Registered]:
         await workers.worker_stop(stopped.id)
 
         clock.set(now - timedelta(seconds=10))
+        # a heartbeat every 20 s: live for 60 s after its last one (10 s ago)
         live = info("w-live", pid=303, concurrency=16,
                     ffqns=["shop:monitor/stock.run-cancellable", "shop:mail/send.run"],
-                    upgrade_ffqns=["shop:mail/send.run"])
+                    upgrade_ffqns=["shop:mail/send.run"], heartbeat_interval=20.0)
         await workers.worker_register(live)
     finally:
         await workers.close()

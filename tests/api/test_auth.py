@@ -35,8 +35,11 @@ ORDERS = "shop:orders/process.run"
 MONITOR = "shop:monitor/stock.run-cancellable"
 
 SCOPED: dict[tuple[str, str], Scope] = {
-    key: access for key, access in ROUTE_ACCESS.items() if isinstance(access, Scope)
+    key: access for key, access in ROUTE_ACCESS.items()
+    if isinstance(access, Scope) and key[1].startswith("/v1/")
 }
+"""The API's scoped routes; the dashboard's (under /ui) answer with pages, and
+tests/ui/test_actions.py checks their scopes."""
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -246,6 +249,8 @@ EXECUTION = "/v1/executions/{execution_id}"
 SAMPLES: dict[tuple[str, str], Sample] = {
     ("POST", "/v1/executions"): Sample(_fixed("/v1/executions",
                                               {"ffqn": ORDERS, "params": ["o", 2]}), 201),
+    ("POST", "/v1/executions/batch"): Sample(_fixed(
+        "/v1/executions/batch", {"items": [{"ffqn": ORDERS, "params": ["o", 2]}]}), 201),
     ("GET", "/v1/executions"): Sample(_fixed("/v1/executions"), 200),
     ("GET", EXECUTION): Sample(_on(""), 200),
     ("GET", f"{EXECUTION}/history"): Sample(_on("/history"), 200),
@@ -328,7 +333,8 @@ async def _answer(store: Store, route: tuple[str, str], scope: Scope) -> tuple[
                                deployment_id=DEPLOYMENT, max_payload_bytes=MAX_PAYLOAD)
     value = await token(store, scope)
     path, body = await SAMPLES[route].make(service)
-    ident = path.split("/")[3] if path.startswith("/v1/executions/") else None
+    ident = (path.split("/")[3] if path.startswith("/v1/executions/")
+             and path != "/v1/executions/batch" else None)
     before = await store.execution_get(uuid.UUID(ident)) if ident else None
     count = await count_executions(store)
     transport = httpx.ASGITransport(app=make_api(store), raise_app_exceptions=False)
@@ -387,6 +393,30 @@ async def test_admin_alone_does_everything(secured: httpx.AsyncClient, store: St
         assert response.status_code == status, (method, path, response.text)
     final = (await secured.get(f"/v1/executions/{ident}", headers=admin)).json()
     assert final["status"] == "cancelled"
+
+
+async def test_an_operators_request_is_recorded_as_made_by_its_tokens_name(
+    secured: httpx.AsyncClient, store: Store
+) -> None:
+    """Pause, unpause and cancel made with a token record the token's name as ``by`` (a
+    pause's body may name someone else), and the waiting reason says who paused it."""
+    ada = bearer(await token(store, Scope.ADMIN, name="ada-laptop"))
+    submitted = await secured.post("/v1/executions", headers=ada,
+                                   json={"ffqn": MONITOR, "params": ["sku", 1]})
+    ident = submitted.json()["id"]
+    for path, body in [("pause", {"reason": "look first"}), ("unpause", None),
+                       ("pause", {"by": "bob"}), ("cancel", None)]:
+        response = await secured.put(f"/v1/executions/{ident}/{path}", json=body, headers=ada)
+        assert response.status_code == 200, response.text
+        if response.json()["status"] == "paused":
+            got = (await secured.get(f"/v1/executions/{ident}", headers=ada)).json()
+            who = "bob" if body == {"by": "bob"} else "ada-laptop while pending: look first"
+            assert got["waiting_reason"].startswith(f"paused by {who}"), got
+    history = (await secured.get(f"/v1/executions/{ident}/history", headers=ada)).json()
+    by = [(e["kind"], e["data"].get("by")) for e in history["items"]
+          if e["kind"] in ("paused", "pending", "cancelled") and e["seq"] > 1]
+    assert by == [("paused", "ada-laptop"), ("pending", "ada-laptop"), ("paused", "bob"),
+                  ("cancelled", "ada-laptop")], history["items"]
 
 
 # -- what stays as it was ---------------------------------------------------------------

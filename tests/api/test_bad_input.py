@@ -129,6 +129,10 @@ POST_CASES: dict[str, Case] = {
     "key-too-long": (body_with(idempotency_key="k" * 257), 422, "invalid_input"),
     "key-list": (body_with(idempotency_key=["k"]), 422, "invalid_input"),
     "scheduled-at-bool": (body_with(scheduled_at=True), 422, "invalid_input"),
+    # paused is a JSON boolean: 0, 1 and "true" are not (found by schemathesis)
+    "paused-zero": (body_with(paused=0), 422, "invalid_input"),
+    "paused-one": (body_with(paused=1), 422, "invalid_input"),
+    "paused-string": (body_with(paused="true"), 422, "invalid_input"),
     "scheduled-at-list": (body_with(scheduled_at=["2030-01-01T00:00:00Z"]), 422,
                           "invalid_input"),
     "scheduled-at-object": (body_with(scheduled_at={"at": "2030-01-01T00:00:00Z"}), 422,
@@ -191,10 +195,12 @@ async def test_bad_submissions_are_refused_and_write_nothing(
 # every endpoint that takes a body: (method, path with {id} for the seeded execution)
 BODY_ENDPOINTS = [
     ("POST", "/v1/executions"),
+    ("POST", "/v1/executions/batch"),
     ("POST", "/v1/executions/{id}/messages"),
     ("POST", "/v1/executions/{id}/complete"),
     ("POST", "/v1/executions/{id}/fail"),
     ("PUT", "/v1/executions/{id}/resolve"),
+    ("PUT", "/v1/executions/{id}/pause"),
     ("POST", "/v1/deployments/{id}/adopt"),
 ]
 
@@ -443,6 +449,10 @@ BAD_LIST_QUERIES: dict[str, Case] = {
     "status-unknown": query_case("invalid_status", status="bogus"),
     "status-one-unknown": query_case("invalid_status", status="pending,bogus"),
     "status-wrong-case": query_case("invalid_status", status=["pending", "Pending"]),
+    "flagged-one": query_case(flagged="1"),
+    "flagged-yes": query_case(flagged="yes"),
+    "flagged-upper": query_case(flagged="True"),
+    "flagged-empty": query_case(flagged=""),
     "created-after-not-a-time": query_case(created_after="yesterday"),
     "created-after-no-timezone": query_case(created_after="2030-01-01T00:00:00"),
     "created-before-year-1900": query_case(created_before="1900-01-01T00:00:00Z"),

@@ -26,6 +26,7 @@ MAIL = "shop:mail/send.run"
 MONITOR = "shop:monitor/stock.run-cancellable"
 OLD = "d-old"
 UNFINISHED = {"pending", "running", "blocked", "paused"}
+READY = "ready: waiting for a worker to claim it"
 
 
 def worker(name: str, deployment_id: str, ffqns: list[str],
@@ -92,10 +93,11 @@ async def test_waiting_reason_says_why_no_live_worker_will_run_it(
 ) -> None:
     assert await reasons(client, world) == {
         "old_orders": f"no live worker for deployment {OLD}",  # stranded
-        "old_mail": None,  # upgrade="auto": d-test's worker takes it
-        "old_paused": f"no live worker for deployment {OLD}",  # stranded, paused or not
+        "old_mail": READY,  # upgrade="auto": d-test's worker takes it
+        # stranded, paused or not
+        "old_paused": f"submitted paused; no live worker for deployment {OLD}",
         "old_monitor": f"no live worker runs {MONITOR}",  # nobody runs it at all
-        "new_orders": None,
+        "new_orders": READY,
         "new_monitor": f"no live worker runs {MONITOR}",
     }
     # another deployment's live worker runs MONITOR now: d-test's still does not
@@ -149,8 +151,8 @@ async def test_adopt_moves_the_stranded_executions_onto_the_current_deployment(
         assert (history[-1]["kind"], history[-1]["data"]) == (
             "adopted", {"from": OLD, "to": DEPLOYMENT, "by": "ada"})
     got = await reasons(client, world)
-    assert got["old_orders"] is None  # d-test's live worker runs it now
-    assert got["old_paused"] is None
+    assert got["old_orders"] == READY  # d-test's live worker runs it now
+    assert got["old_paused"] == "submitted paused"
     assert got["old_monitor"] == f"no live worker runs {MONITOR}"  # not adopted: kept d-old
     items = {i["id"]: i for i in (await client.get("/v1/deployments")).json()["items"]}
     assert items[OLD]["stranded"] == 1

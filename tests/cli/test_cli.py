@@ -157,6 +157,14 @@ def test_commands_on_a_real_database(database_url: str, tmp_path: Path) -> None:
     assert table_field(got, "status") == "pending"
     assert table_field(got, "ffqn") == ORDERS
     assert stable(ok_json(second["get-json"])) == stable(keyed)
+    # why each waits (no worker is registered here): in get, get --json and list
+    assert table_field(got, "waiting") == f"no live worker runs {ORDERS}"
+    assert ok_json(second["get-json"])["waiting_reason"] == (
+        f"scheduled for 2030-01-01T00:00:00Z; no live worker runs {MAIL}")
+    notes = {line.split()[0]: line for line in ok(second["list"]).splitlines()[1:]}
+    assert notes[order_id].endswith(f"no live worker runs {ORDERS}"), notes
+    assert notes[keyed["id"]].endswith(
+        f"scheduled for 2030-01-01T00:00:00Z; no live worker runs {MAIL}"), notes
 
     listing = ok(second["list"]).splitlines()
     assert listing[0].split()[:6] == ["ID", "FFQN", "STATUS", "ATTEMPT", "CREATED", "AT"]
@@ -337,11 +345,11 @@ def test_workers_lists_registered_workers(database_url: str, tmp_path: Path) -> 
     for item, w in zip(listed["items"], registered, strict=True):
         assert set(item) == {"id", "host", "pid", "deployment_id", "workflows",
                              "upgrade_auto", "concurrency", "started_at", "last_heartbeat",
-                             "stopped_at", "live"}, item
+                             "stopped_at", "heartbeat_interval", "live"}, item
         assert (item["host"], item["pid"], item["deployment_id"], item["workflows"],
-                item["concurrency"], item["live"]) == (
+                item["concurrency"], item["heartbeat_interval"], item["live"]) == (
             w.info.host, w.info.pid, w.info.deployment_id, w.info.ffqns,
-            w.info.concurrency, w.live)
+            w.info.concurrency, w.info.heartbeat_interval, w.live)
         assert datetime.fromisoformat(item["started_at"]) == w.started_at
         assert datetime.fromisoformat(item["last_heartbeat"]) == w.started_at
         stopped = item["stopped_at"]

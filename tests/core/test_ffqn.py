@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from veracity.core.ffqn import InvalidFfqn, is_cancellable, validate_ffqn
+from veracity.core.ffqn import InvalidFfqn, is_cancellable, validate_ffqn, validate_ffqn_prefix
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,11 @@ def test_the_length_limit_is_512_characters_inclusive():
     assert validate_ffqn(longest) == longest
     with pytest.raises(InvalidFfqn, match="longer than 512 characters"):
         validate_ffqn(longest + "x")
+
+
+@pytest.mark.parametrize("text", ["shop:orders/process.run\n", "shop\n"])
+def test_a_trailing_newline_is_not_part_of_a_name(text: str) -> None:
+    with pytest.raises(InvalidFfqn):
+        validate_ffqn(text)
+    with pytest.raises(InvalidFfqn):
+        validate_ffqn_prefix(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -188,3 +189,23 @@ def test_the_cli_without_entries(tmp_path: Path, database_url: str) -> None:
     assert (shown.returncode, shown.stdout) == (0, "no [[cron]] entries are configured\n")
     shown = cli(["crons", "--json"], database_url, tmp_path)
     assert json.loads(shown.stdout) == {"items": []}
+
+
+async def test_the_dashboard_lists_each_entry_with_its_last_slot(
+    store: Store, clock: ManualClock, client: httpx.AsyncClient
+) -> None:
+    page = await client.get("/ui/crons")
+    assert page.status_code == 200
+    text = " ".join(re.sub(r"<[^>]+>", " ", page.text).split())
+    assert "mail " + MAIL + " */10 * * * * * UTC none yet" in text
+    assert "nightly " + ORDERS + " 30 2 * * * Europe/Berlin none yet" in text
+    assert "2030-01-01 01:30:00Z" in text  # nightly's next slot, in UTC
+    cron = CronService(store, CRONS, deployment_id="d")
+    await cron.run_once()
+    clock.set(T0 + timedelta(seconds=25))
+    last = (await cron.run_once()).started[-1]
+    page = await client.get("/ui/crons")
+    text = " ".join(re.sub(r"<[^>]+>", " ", page.text).split())
+    assert "2030-01-01 00:00:20Z (5 s ago) pending" in text
+    assert f'href="/ui/executions/{last.execution.id}"' in page.text
+    assert "2030-01-01 00:00:30Z (in 5 s)" in text

@@ -30,7 +30,8 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 # Documents whose Python example is a script for a running server (it reads the server's
 # address and a token from the environment): run against a real server by their own test.
-RUN_AGAINST_A_SERVER = {"security.md": "test_security_guide.py"}
+RUN_AGAINST_A_SERVER = {"security.md": "test_security_guide.py",
+                        "client.md": "test_client_guide.py"}
 
 
 def examples(kind: str) -> list[tuple[Path, str]]:

@@ -73,8 +73,10 @@ def test_cli_submit_paused_pause_unpause_send_cancel(database_url: str, tmp_path
 
     out = ok_json(run("unpause", "--json", pid))
     assert out["id"] == pid and out["status"] == "pending" and out["changed"] is True
-    out = ok_json(run("pause", "--json", pid))
+    out = ok_json(run("pause", "--json", "--by", "ada", "--reason", "look first", pid))
     assert out["status"] == "paused" and out["changed"] is True
+    got = ok_json(run("get", "--json", pid))  # who and why: its waiting reason says
+    assert got["waiting_reason"].startswith("paused by ada while pending: look first"), got
     out = ok_json(run("pause", "--json", pid))  # again: unchanged
     assert out["status"] == "paused" and out["changed"] is False
 
@@ -111,6 +113,7 @@ def test_cli_submit_paused_pause_unpause_send_cancel(database_url: str, tmp_path
         (("unpause", pid), "not paused"),
         (("send", cid, "t", "1"), "cancelled"),
         (("pause", str(uuid.uuid4())), "does not exist"),
+        (("pause", cid, "--reason", "  "), "reason"),
         (("cancel", "not-an-id"), "not an execution id"),
     ]
     with ThreadPoolExecutor(max_workers=len(failures)) as pool:

@@ -266,6 +266,23 @@ async def test_a_worker_with_a_stale_heartbeat_is_not_live(
     assert by_id(await store.deployment_list(live_within=LIVE))["d1"].live_workers == 1
 
 
+async def test_a_worker_that_missed_two_beats_is_not_live_before_the_lease_ttl(
+    store: Store, clock: ManualClock
+) -> None:
+    """Its heartbeat interval recorded (1 s): not live once its last heartbeat is more than
+    three intervals old, however long the live window (the lease TTL) is."""
+    await store.worker_register(dataclasses.replace(worker("w1", "d1", [PINNED]),
+                                                    heartbeat_interval=1.0))
+    await submit(store, PINNED, "d1")
+    clock.advance(timedelta(seconds=3))
+    assert by_id(await store.deployment_list(live_within=LIVE))["d1"].live_workers == 1
+    clock.advance(timedelta(microseconds=1))
+    d1 = by_id(await store.deployment_list(live_within=LIVE))["d1"]
+    assert (d1.live_workers, d1.stranded) == (0, 1)
+    await store.lease_renew("w1", [], TTL)
+    assert by_id(await store.deployment_list(live_within=LIVE))["d1"].live_workers == 1
+
+
 async def test_deployment_list_refuses_a_live_window_that_is_not_positive(
     store: Store
 ) -> None:

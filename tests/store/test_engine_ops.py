@@ -376,6 +376,41 @@ async def test_spawn_the_same_child_again_inserts_nothing(store: Store) -> None:
     assert kinds(events) == ["pending", "running", "child_submitted", "child_submitted"]
 
 
+async def test_spawn_of_many_at_once_creates_each_new_one_once(
+    store: Store, clock: ManualClock
+) -> None:
+    """A reconciler schedules thousands in one write (docs/generations.md): every new one is
+    created with its event, one already there is left as it is, and the parent's journal
+    gets every event in order."""
+    parent = await running(store)
+    existing = new_child(None, params=["k-old"])
+    assert (await store.execution_spawn_if_owned(parent, [existing], [])).applied
+    first = await get(store, existing.id)
+    at = clock.advance(2)
+    later = at + timedelta(hours=1)
+    kids = [new_child(None if i % 3 else parent.execution_id, params=[f"k{i}", {"n": i}],
+                      join_set=None if i % 3 else f"js{i}",
+                      scheduled_at=later if i % 7 == 0 else None) for i in range(500)]
+    journal = [("scheduled", {"pos": i, "execution_id": str(k.id)}) for i, k in enumerate(kids)]
+    again = dataclasses.replace(existing, params=["changed"])
+    tr = await store.execution_spawn_if_owned(parent, [*kids, again], journal)
+    assert tr.applied is True
+    assert await get(store, existing.id) == first
+    assert len(await store.history_list(existing.id)) == 1
+    for i, k in enumerate(kids):
+        child = await get(store, k.id)
+        assert (child.status, child.ffqn, child.params, child.parent_id, child.join_set) == (
+            Status.PENDING, k.ffqn, [f"k{i}", {"n": i}], k.parent_id, k.join_set)
+        assert child.scheduled_at == (later if i % 7 == 0 else at)
+        assert child.created_at == at
+        [event] = await store.history_list(k.id)
+        assert (event.seq, event.kind, event.at) == (1, "pending", at)
+        assert event.data["created_by"] == str(parent.execution_id)
+        assert event.data["params"] == k.params
+    events = await assert_history_intact(store, parent.execution_id)
+    assert [(e.kind, e.data) for e in events[2:]] == journal
+
+
 @pytest.mark.parametrize("how", LOSSES)
 async def test_spawn_without_the_lease_inserts_nothing(
     store: Store, clock: ManualClock, raw: RawSQL, how: str

@@ -462,7 +462,18 @@ async def test_worker_register_records_the_worker(store: Store, clock: ManualClo
     )
     assert rec.started_at == rec.last_heartbeat == clock.now()
     assert rec.stopped_at is None
+    assert rec.heartbeat_interval is None  # not given: not recorded
     assert await store.worker_list() == [rec]
+
+
+async def test_worker_register_records_its_heartbeat_interval(
+    store: Store, clock: ManualClock
+) -> None:
+    rec = await store.worker_register(_worker("w1", heartbeat_interval=0.25))
+    assert rec.heartbeat_interval == 0.25
+    again = await store.worker_register(_worker("w1", heartbeat_interval=30.0))
+    assert again.heartbeat_interval == 30.0
+    assert [r.heartbeat_interval for r in await store.worker_list()] == [30.0]
 
 
 async def test_worker_register_again_updates_and_revives(store: Store, clock: ManualClock) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from veracity.adapters.base import (
     CallbackInfo,
@@ -23,7 +24,9 @@ from veracity.adapters.config import (
     parse_engine_config,
     parse_engines,
 )
-from veracity.adapters.n8n import N8nEngine
+
+if TYPE_CHECKING:
+    from veracity.adapters.n8n import N8nEngine
 
 __all__ = [
     "CallbackInfo",
@@ -46,9 +49,20 @@ __all__ = [
 log = logging.getLogger("veracity.adapters")
 
 
+def __getattr__(name: str) -> Any:
+    # the n8n adapter (and its HTTP stack) loads only when an engine needs it
+    if name == "N8nEngine":
+        from veracity.adapters.n8n import N8nEngine
+
+        return N8nEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def create_engine(config: EngineConfig) -> Engine:
     """The adapter for one configured engine."""
     if config.type == "n8n":
+        from veracity.adapters.n8n import N8nEngine
+
         return N8nEngine(config)
     raise ValueError(f"{config.entry}: no adapter for engine type {config.type!r}")
 

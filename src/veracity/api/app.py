@@ -5,27 +5,31 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import TypeAdapter, ValidationError, WithJsonSchema
+from pydantic_core import to_json
 
 from veracity.api.auth import ROUTE_ACCESS, TokenAuth, check_routes, declare_security
+from veracity.api.docs import install_docs
 from veracity.api.errors import error_response, install_error_handlers
 from veracity.api.limits import BodySizeLimit, JsonBodies
+from veracity.api.openapi import finish_document
 from veracity.api.schemas import (
     LIST_VALUE_BYTES,
     AdoptOut,
     AdoptRequest,
+    BatchOut,
+    BatchRequest,
     CompleteRequest,
     CronOut,
     CronPage,
     DeploymentOut,
     DeploymentPage,
-    ErrorOut,
     ExecutionOut,
     ExecutionPage,
     FailRequest,
@@ -34,21 +38,39 @@ from veracity.api.schemas import (
     HistoryPage,
     MessageOut,
     MessageRequest,
+    PauseRequest,
+    QueryBool,
     ResolveRequest,
     SubmitRequest,
+    Time,
     WorkerOut,
     WorkerPage,
 )
-from veracity.control import ExecutionService
+from veracity.config import parse_duration
+from veracity.control import MAX_BATCH, MAX_WAIT, ExecutionService, SubmitItem
 from veracity.core.requests import CallbackReport
 from veracity.core.states import Status
-from veracity.errors import BadRequest, InvalidInput
+from veracity.errors import BadRequest, InvalidInput, PayloadTooLarge, VeracityError
 from veracity.models import ExecutionFilter
 from veracity.telemetry import HttpMetrics, Telemetry
+from veracity.ui.routes import install_dashboard
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorOut} for status in (400, 404, 409, 413, 422)
-}
+STATUS_LIST = (r"^\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?"
+               r"(?:,\s*(?:(?:" + "|".join(s.value for s in Status) + r")\s*)?)*$")
+"""A ``status`` query value: one status, or several separated by commas."""
+
+StatusList = Annotated[str, WithJsonSchema({
+    "type": "string", "pattern": STATUS_LIST,
+    "description": "One of " + ", ".join(s.value for s in Status) + "; or several, "
+                   "comma-separated (422 invalid_status otherwise)"})]
+
+ExecutionId = Annotated[str, Path(
+    description="The execution's id, a UUID (400 invalid_id otherwise)",
+    json_schema_extra={"format": "uuid"})]
+
+DeploymentId = Annotated[str, Path(
+    description="A deployment id: 1 to 128 characters, no NUL (422 invalid_deployment_id "
+                "otherwise)", json_schema_extra={"maxLength": 128, "pattern": "^[^\\x00]+$"})]
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -70,6 +92,14 @@ async def _service(request: Request) -> ExecutionService:
 Service = Annotated[ExecutionService, Depends(_service)]
 
 
+def _token_name(request: Request) -> str | None:
+    """The name of the API token the request was made with (api/auth.py), if any: who an
+    operator's request is recorded as made by, unless its body names someone."""
+    record = getattr(request.state, "api_token", None)  # set by TokenAuth
+    name = getattr(record, "name", None)
+    return name if isinstance(name, str) else None
+
+
 def _statuses(values: list[str] | None) -> tuple[Status, ...]:
     out: list[Status] = []
     for value in values or []:
@@ -85,6 +115,28 @@ def _statuses(values: list[str] | None) -> tuple[Status, ...]:
                     f"unknown status {part!r} (one of {names})", code="invalid_status"
                 ) from None
     return tuple(out)
+
+
+_SUBMISSIONS = TypeAdapter(list[SubmitRequest])
+
+
+def _validation_text(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "item"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _wait_seconds(text: str) -> float:
+    try:
+        seconds = parse_duration(text.strip())
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_WAIT:
+        raise InvalidInput(f"wait must be a duration from 0 to {MAX_WAIT:g} s (30s, 1.5s, "
+                           f"500ms, or seconds), not {text[:40]!r}", code="invalid_wait")
+    return seconds
 
 
 def create_api(
@@ -113,7 +165,10 @@ def create_api(
         version="0.1.0",
         description="Durable workflow executions that never lie about their state.",
         lifespan=lifespan or no_lifespan,
+        docs_url=None,  # served offline by install_docs (api/docs.py)
+        redoc_url=None,
     )
+    install_docs(app)
     if service is not None:
         app.state.service = service
     install_error_handlers(app)
@@ -124,7 +179,7 @@ def create_api(
     if telemetry is not None:  # outermost: every answer counted, a refused token's too
         app.add_middleware(HttpMetrics, telemetry=telemetry, routes=app.router.routes)
 
-    @app.get("/healthz", response_model=Health, responses={503: {"model": ErrorOut}})
+    @app.get("/healthz", response_model=Health)
     async def healthz(service: Service) -> Health | JSONResponse:
         try:
             await asyncio.wait_for(service.store.ping(), health_timeout)
@@ -171,7 +226,7 @@ def create_api(
         "/v1/executions",
         status_code=201,
         response_model=ExecutionOut,
-        responses={200: {"model": ExecutionOut, "description": "Idempotent repeat"}, **ERRORS},
+        responses={200: {"model": ExecutionOut, "description": "Idempotent repeat"}},
     )
     async def submit(body: SubmitRequest, service: Service, response: Response) -> ExecutionOut:
         execution, created = await service.submit(
@@ -185,15 +240,63 @@ def create_api(
             response.status_code = 200
         return ExecutionOut.of(execution)
 
-    @app.get("/v1/executions", response_model=ExecutionPage, responses=ERRORS)
+    @app.post(
+        "/v1/executions/batch",
+        status_code=201,
+        response_model=BatchOut,
+        responses={200: {"model": BatchOut, "description": "Nothing created: every item's "
+                                                           "idempotency key named an "
+                                                           "execution already"}},
+    )
+    async def submit_batch(body: BatchRequest, service: Service) -> Response:
+        """Up to 1,000 submissions in one transaction, answered in order. Each item is
+        what POST /v1/executions takes, with its own idempotency key (a key repeated in the
+        batch answers the first one's execution). Nothing is written when the batch has
+        more than 1,000 items or a body over max_payload_bytes (413), any bad item (422
+        invalid_batch, error.items listing each by index with its code and message), or
+        a key used before for a different request (409 idempotency_conflict, the same
+        way)."""
+        if len(body.items) > MAX_BATCH:
+            raise PayloadTooLarge(f"a batch takes at most {MAX_BATCH:,} submissions; this "
+                                  f"one has {len(body.items):,}")
+        items: list[SubmitItem] = []
+        refused: dict[int, VeracityError] = {}
+        try:  # all at once; item by item only to name the bad ones
+            items = [SubmitItem(one.ffqn, one.params, one.idempotency_key, one.scheduled_at,
+                                one.paused) for one in _SUBMISSIONS.validate_python(body.items)]
+        except ValidationError:
+            for index, raw in enumerate(body.items):
+                try:
+                    one = SubmitRequest.model_validate(raw)
+                except ValidationError as exc:
+                    refused[index] = InvalidInput(_validation_text(exc), code="invalid_input")
+                    items.append(SubmitItem(""))
+                    continue
+                items.append(SubmitItem(one.ffqn, one.params, one.idempotency_key,
+                                        one.scheduled_at, one.paused))
+        done = await service.submit_prepared(service.prepare_many(items, refused))
+        created = [flag for _, flag in done]
+        # serialized here, once, as BatchOut would be (FastAPI would build and validate a
+        # model of each of the 1,000 items first)
+        answer = to_json({"items": [ExecutionOut.plain(e) for e, _ in done],
+                          "created": created})
+        return Response(answer, media_type="application/json",
+                        status_code=201 if any(created) else 200)
+
+    @app.get("/v1/executions", response_model=ExecutionPage, )
     async def list_executions(
         service: Service,
-        status: Annotated[list[str] | None, Query(description="Repeat or comma-separate")] = None,
+        status: Annotated[list[StatusList] | None, Query(
+            description="Only these statuses: repeat the parameter, or comma-separate")] = None,
         ffqn_prefix: Annotated[str | None, Query(max_length=512, pattern=r"^[^\x00]*$")] = None,
         deployment_id: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        flagged: bool | None = None,
+        created_after: Annotated[Time | None, Query(
+            description="Only those created at or after this time")] = None,
+        created_before: Annotated[Time | None, Query(
+            description="Only those created before this time")] = None,
+        flagged: Annotated[QueryBool | None, Query(
+            description="Only those flagged for an operator (true), or only the others "
+                        "(false)")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         cursor: Annotated[str | None, Query(max_length=512)] = None,
     ) -> ExecutionPage:
@@ -215,54 +318,71 @@ def create_api(
             next_cursor=page.next_cursor,
         )
 
-    @app.get("/v1/executions/{execution_id}", response_model=ExecutionOut, responses=ERRORS)
-    async def get_execution(execution_id: str, service: Service) -> ExecutionOut:
-        execution = await service.get(execution_id)
+    @app.get("/v1/executions/{execution_id}", response_model=ExecutionOut, )
+    async def get_execution(
+        execution_id: ExecutionId, service: Service,
+        wait: Annotated[str | None, Query(
+            max_length=32, description="Long poll: answer as soon as the execution is "
+            "terminal, or with its current state after this long (0 to 60 s: 30s, 1.5s, "
+            "500ms, or a number of seconds); out of range: 422 invalid_wait")] = None,
+    ) -> ExecutionOut:
+        if wait is None:
+            execution = await service.get(execution_id)
+        else:
+            execution = await service.wait(execution_id, _wait_seconds(wait))
         waiting = await service.waiting_reasons([execution])
         return ExecutionOut.of(execution, waiting.get(execution.id))
 
     @app.put("/v1/executions/{execution_id}/cancel", response_model=ExecutionOut,
-             responses=ERRORS)
-    async def cancel(execution_id: str, service: Service) -> ExecutionOut:
+             )
+    async def cancel(execution_id: ExecutionId, service: Service,
+                     request: Request) -> ExecutionOut:
         """Cancel an execution whose workflow name ends in -cancellable, and recursively its
         cancellable children. A running one stops at its next await; a run delegated to an
         external engine is asked to stop there and ends cancelled once the engine confirms
         it finished (until then it stays running with cancel_requested_at). Cancelling a
         terminal execution, or twice, answers 200 and changes nothing; any other name
         answers 409."""
-        execution, _ = await service.cancel(execution_id)
+        execution, _ = await service.cancel(execution_id, actor=_token_name(request))
         return ExecutionOut.of(execution)
 
     @app.put("/v1/executions/{execution_id}/retry", status_code=201,
-             response_model=ExecutionOut, responses=ERRORS)
-    async def retry(execution_id: str, service: Service) -> ExecutionOut:
+             response_model=ExecutionOut, )
+    async def retry(execution_id: ExecutionId, service: Service,
+                    request: Request) -> ExecutionOut:
         """Retry a failed or failed_transient execution: 201 and a new execution linked to
         it (retry_of), which replays the failed run's recorded calls up to its failure and
         runs on from there. The failed one is left unchanged. Any other status: 409
         wrong_state."""
-        return ExecutionOut.of(await service.retry(execution_id))
+        return ExecutionOut.of(await service.retry(execution_id, actor=_token_name(request)))
 
     @app.put("/v1/executions/{execution_id}/pause", response_model=ExecutionOut,
-             responses=ERRORS)
-    async def pause(execution_id: str, service: Service) -> ExecutionOut:
+             )
+    async def pause(execution_id: ExecutionId, service: Service, request: Request,
+                    body: PauseRequest | None = None) -> ExecutionOut:
         """Hold any non-terminal execution: pending and blocked ones at once, a running one at
-        its next step boundary (it releases its lease). 409 wrong_state for a terminal one;
-        409 not_pausable for a run delegated to an external engine (it cannot pause it:
-        cancel or resolve it instead)."""
-        execution, _ = await service.pause(execution_id)
+        its next step boundary (it releases its lease). An optional body says who pauses it
+        and why (recorded in its history, said by its waiting_reason). 409 wrong_state for
+        a terminal one; 409 not_pausable for a run delegated to an external engine (it
+        cannot pause it: cancel or resolve it instead)."""
+        asked = body or PauseRequest()
+        execution, _ = await service.pause(execution_id,
+                                           actor=asked.by or _token_name(request),
+                                           reason=asked.reason)
         return ExecutionOut.of(execution)
 
     @app.put("/v1/executions/{execution_id}/unpause", response_model=ExecutionOut,
-             responses=ERRORS)
-    async def unpause(execution_id: str, service: Service) -> ExecutionOut:
+             )
+    async def unpause(execution_id: ExecutionId, service: Service,
+                      request: Request) -> ExecutionOut:
         """Back to pending (or blocked, if it still waits for something). 409 if not paused."""
-        execution, _ = await service.unpause(execution_id)
+        execution, _ = await service.unpause(execution_id, actor=_token_name(request))
         return ExecutionOut.of(execution)
 
     @app.post("/v1/executions/{execution_id}/messages", status_code=201,
-              response_model=MessageOut, responses=ERRORS)
+              response_model=MessageOut, )
     async def send_message(
-        execution_id: str, body: MessageRequest, service: Service
+        execution_id: ExecutionId, body: MessageRequest, service: Service
     ) -> MessageOut:
         """Store a message durably for recv(topic); wakes the execution if it waits.
         409 for a terminal execution."""
@@ -277,9 +397,9 @@ def create_api(
         return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
     @app.post("/v1/executions/{execution_id}/complete", response_model=ExecutionOut,
-              responses={401: {"model": ErrorOut}, **ERRORS})
+)
     async def complete(
-        execution_id: str, body: CompleteRequest, service: Service,
+        execution_id: ExecutionId, body: CompleteRequest, service: Service,
         authorization: Annotated[str | None, Header()] = None,
     ) -> ExecutionOut:
         """The engine's callback: the run completed with this result. Authenticated by the
@@ -290,9 +410,9 @@ def create_api(
         return ExecutionOut.of(execution)
 
     @app.post("/v1/executions/{execution_id}/fail", response_model=ExecutionOut,
-              responses={401: {"model": ErrorOut}, **ERRORS})
+)
     async def fail(
-        execution_id: str, body: FailRequest, service: Service,
+        execution_id: ExecutionId, body: FailRequest, service: Service,
         authorization: Annotated[str | None, Header()] = None,
     ) -> ExecutionOut:
         """The engine's callback: the run failed (failed, or failed_transient)."""
@@ -304,8 +424,8 @@ def create_api(
     @app.put("/v1/executions/{execution_id}/resolve", response_model=ExecutionOut,
              responses={202: {"model": ExecutionOut,
                               "description": "Stop requested; still running until the "
-                                             "engine confirms the run finished"}, **ERRORS})
-    async def resolve(execution_id: str, body: ResolveRequest, service: Service,
+                                             "engine confirms the run finished"}})
+    async def resolve(execution_id: ExecutionId, body: ResolveRequest, service: Service,
                       response: Response) -> ExecutionOut:
         """An operator resolves a flagged (or any running delegated) execution: attach the
         engine's id, or end the run as failed_transient (fail) or cancelled (cancel) once
@@ -322,20 +442,20 @@ def create_api(
             response.status_code = 202
         return ExecutionOut.of(resolved.execution)
 
-    @app.get("/v1/workers", response_model=WorkerPage, responses=ERRORS)
+    @app.get("/v1/workers", response_model=WorkerPage, )
     async def list_workers(
         service: Service, limit: Annotated[int, Query(ge=1, le=1000)] = 100
     ) -> WorkerPage:
         return WorkerPage(items=[WorkerOut.of(w) for w in await service.workers(limit=limit)])
 
-    @app.get("/v1/crons", response_model=CronPage, responses=ERRORS)
+    @app.get("/v1/crons", response_model=CronPage, )
     async def list_crons(service: Service) -> CronPage:
         """The [[cron]] entries of this server's configuration, in its order: each with its
         last slot, the execution that slot started and that execution's status, and the
         next slot (docs/cron.md)."""
         return CronPage(items=[CronOut.of(v) for v in await service.crons()])
 
-    @app.get("/v1/deployments", response_model=DeploymentPage, responses=ERRORS)
+    @app.get("/v1/deployments", response_model=DeploymentPage, )
     async def list_deployments(service: Service) -> DeploymentPage:
         """Every deployment, newest first: when a server or worker of it was first and
         last seen, its unfinished executions by status, its live workers, and how many of
@@ -344,8 +464,8 @@ def create_api(
         return DeploymentPage(items=[DeploymentOut.of(d) for d in await service.deployments()])
 
     @app.post("/v1/deployments/{deployment_id}/adopt", response_model=AdoptOut,
-              responses=ERRORS)
-    async def adopt(deployment_id: str, service: Service,
+              )
+    async def adopt(deployment_id: DeploymentId, service: Service,
                     body: AdoptRequest | None = None) -> AdoptOut:
         """Move the stranded executions of an older deployment (those whose workflow name
         starts with ffqn_prefix, if given) onto this server's deployment, each with an
@@ -359,10 +479,10 @@ def create_api(
         return AdoptOut.of(outcome)
 
     @app.get(
-        "/v1/executions/{execution_id}/history", response_model=HistoryPage, responses=ERRORS
+        "/v1/executions/{execution_id}/history", response_model=HistoryPage
     )
     async def history(
-        execution_id: str,
+        execution_id: ExecutionId,
         service: Service,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
         cursor: Annotated[str | None, Query(max_length=32)] = None,
@@ -378,6 +498,19 @@ def create_api(
         return HistoryPage(items=[HistoryItem.of(e) for e in page],
                            next_cursor=str(after) if after is not None else None)
 
+    install_dashboard(app, auth_required=auth_required)  # /ui (docs/dashboard.md)
     check_routes(app.router.routes, ROUTE_ACCESS)  # a route without its access is a bug
     declare_security(app, auth_required)
+    secured = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if getattr(app.state, "openapi_finished", False) and app.openapi_schema is not None:
+            return app.openapi_schema
+        service: ExecutionService | None = getattr(app.state, "service", None)
+        app.openapi_schema = finish_document(
+            secured(), service.workflows if service is not None else ())
+        app.state.openapi_finished = True
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any
 
 import psycopg
 from fastapi import FastAPI
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -39,14 +39,24 @@ class Unscoped(StrEnum):
 
 Access = TokenScope | Unscoped
 
+DASHBOARD_TOKEN_COOKIE = "veracity_token"
+"""The cookie the dashboard keeps its API token in (HttpOnly; docs/dashboard.md)."""
+
+DashboardRefusal = Callable[[Scope, int, str, str | None], Response]
+"""Renders the dashboard's answer to a refused token: (scope, 401 or 403, why, the scope
+needed)."""
+
 EXECUTION = "/v1/executions/{execution_id}"
-DOCUMENT_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+UI_EXECUTION = "/ui/executions/{execution_id}"
+DOCUMENT_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
+                  "/docs/static/{name}")
 
 ROUTE_ACCESS: Mapping[tuple[str, str], Access] = {
     ("GET", "/healthz"): Unscoped.OPEN,
     ("GET", "/metrics"): Unscoped.OPEN,
     **{(method, path): Unscoped.OPEN for path in DOCUMENT_PATHS for method in ("GET", "HEAD")},
     ("POST", "/v1/executions"): TokenScope.EXECUTIONS_SUBMIT,
+    ("POST", "/v1/executions/batch"): TokenScope.EXECUTIONS_SUBMIT,
     ("GET", "/v1/executions"): TokenScope.EXECUTIONS_READ,
     ("GET", EXECUTION): TokenScope.EXECUTIONS_READ,
     ("GET", f"{EXECUTION}/history"): TokenScope.EXECUTIONS_READ,
@@ -63,6 +73,30 @@ ROUTE_ACCESS: Mapping[tuple[str, str], Access] = {
     ("PUT", f"{EXECUTION}/resolve"): TokenScope.EXECUTIONS_RESOLVE,
     ("POST", f"{EXECUTION}/complete"): Unscoped.CALLBACK,
     ("POST", f"{EXECUTION}/fail"): Unscoped.CALLBACK,
+    # the dashboard (docs/dashboard.md): each page and action needs the scope of the API
+    # route it stands for; its token comes from its cookie (or the Authorization header)
+    ("GET", "/"): Unscoped.OPEN,
+    ("GET", "/ui"): Unscoped.OPEN,
+    ("GET", "/ui/static/{name}"): Unscoped.OPEN,
+    ("GET", "/ui/login"): Unscoped.OPEN,
+    ("POST", "/ui/login"): Unscoped.OPEN,  # checks the token it is given itself
+    ("POST", "/ui/logout"): Unscoped.OPEN,
+    ("GET", "/ui/executions"): TokenScope.EXECUTIONS_READ,
+    ("GET", UI_EXECUTION): TokenScope.EXECUTIONS_READ,
+    ("POST", f"{UI_EXECUTION}/cancel"): TokenScope.EXECUTIONS_CANCEL,
+    ("POST", f"{UI_EXECUTION}/pause"): TokenScope.EXECUTIONS_PAUSE,
+    ("POST", f"{UI_EXECUTION}/unpause"): TokenScope.EXECUTIONS_PAUSE,
+    ("POST", f"{UI_EXECUTION}/messages"): TokenScope.EXECUTIONS_SEND,
+    ("POST", f"{UI_EXECUTION}/resolve"): TokenScope.EXECUTIONS_RESOLVE,
+    ("POST", f"{UI_EXECUTION}/retry"): TokenScope.EXECUTIONS_SUBMIT,
+    ("GET", "/ui/bulk"): TokenScope.EXECUTIONS_READ,
+    ("POST", "/ui/bulk/cancel"): TokenScope.EXECUTIONS_CANCEL,
+    ("POST", "/ui/bulk/pause"): TokenScope.EXECUTIONS_PAUSE,
+    ("GET", "/ui/flagged"): TokenScope.EXECUTIONS_READ,
+    ("GET", "/ui/workers"): TokenScope.EXECUTIONS_READ,
+    ("GET", "/ui/deployments"): TokenScope.EXECUTIONS_READ,
+    ("GET", "/ui/crons"): TokenScope.EXECUTIONS_READ,
+    ("GET", "/ui/{rest:path}"): Unscoped.OPEN,  # the dashboard's 404 page
 }
 """(method, path template) -> what a request needs. Every route of the app is here: every
 route under /v1 needs a scope (GET ones ``executions:read``) or is an engine callback."""
@@ -115,6 +149,22 @@ def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+def cookie(headers: list[tuple[bytes, bytes]], name: str) -> str | None:
+    """The value of the cookie ``name`` (the dashboard keeps its API token in one)."""
+    for header, value in headers:
+        if header != b"cookie":
+            continue
+        for part in value.decode("latin-1").split(";"):
+            key, _, found = part.strip().partition("=")
+            if key == name and found:
+                return found
+    return None
+
+
+def is_dashboard(path: str) -> bool:
+    return path == "/ui" or path.startswith("/ui/")
+
+
 def access_of(app: FastAPI, scope: Scope) -> tuple[Access, str] | None:
     """The access the route this request goes to needs, and ``METHOD path``; None when no
     route takes it (the router answers 404 or 405)."""
@@ -148,23 +198,31 @@ class TokenAuth:
             await self.app(scope, receive, send)
             return
         route = found[1]
-        token = bearer(scope.get("headers", []))
+        headers = scope.get("headers", [])
+        token = bearer(headers)
+        dashboard = is_dashboard(scope["path"])
+        if token is None and dashboard:
+            # the dashboard keeps the token it was given in an HttpOnly cookie
+            token = cookie(headers, DASHBOARD_TOKEN_COOKIE)
         if token is None and not self.required:
             await self.app(scope, receive, send)
             return
-        refusal = await self._refusal(api, token, needed, route)
+        refusal = await self._refusal(api, token, needed, route, scope, dashboard)
         if refusal is None:
             await self.app(scope, receive, send)
         else:
             await refusal(scope, receive, send)
 
     async def _refusal(self, api: FastAPI, token: str | None, needed: TokenScope,
-                       route: str) -> JSONResponse | None:
+                       route: str, scope: Scope, dashboard: bool) -> Response | None:
         tokens = TokenService(api.state.service.store)
         try:
-            await tokens.authenticate(token, needed, route=route)
+            record = await tokens.authenticate(token, needed, route=route)
         except Unauthorized as exc:
             log.info("refused %s: %s", route, exc.message, extra={"domain": "api"})
+            if dashboard:
+                refuse: DashboardRefusal = api.state.dashboard_refusal
+                return refuse(scope, 401, exc.message, None)
             challenge = 'Bearer realm="veracity"'
             if token is not None:
                 challenge += ', error="invalid_token"'
@@ -172,6 +230,9 @@ class TokenAuth:
                                   headers={"WWW-Authenticate": challenge})
         except Forbidden as exc:
             log.info("refused %s: %s", route, exc.message, extra={"domain": "api"})
+            if dashboard:
+                refuse = api.state.dashboard_refusal
+                return refuse(scope, 403, exc.message, needed.value)
             return error_response(
                 403, exc.code, exc.message, headers={
                     "WWW-Authenticate":
@@ -185,6 +246,8 @@ class TokenAuth:
             return error_response(503, "database_unavailable",
                                   "cannot check the API token: the database did not answer",
                                   headers={"Retry-After": "1"})
+        # the dashboard and the API name whoever acted in the history events they record
+        scope.setdefault("state", {})["api_token"] = record
         return None
 
 

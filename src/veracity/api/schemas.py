@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    WithJsonSchema,
+)
 
 from veracity.control import AdoptOutcome, CronView, DeploymentView, WorkerView
+from veracity.core.ffqn import FFQN_PATTERN, FFQN_PREFIX_PATTERN, MAX_FFQN_LENGTH
 from veracity.core.states import Status
 from veracity.models import Execution, HistoryEvent
 
@@ -16,18 +26,49 @@ LIST_VALUE_BYTES = 1024
 """A list item leaves out params, result and error larger than this (see ``elided``)."""
 
 
+TIME_FORMAT = "an RFC 3339 time with its offset, e.g. 2030-01-01T00:00:00Z"
+_RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(?:\.\d+)?(?:[Zz]|[+-]\d\d:\d\d)\Z")
+
+
 def _time_text(value: Any) -> Any:
-    """Times are ISO 8601 strings; a bare number is refused rather than taken for a Unix
-    timestamp."""
-    if value is not None and not isinstance(value, str):
-        raise ValueError("must be an ISO 8601 time string, e.g. 2030-01-01T00:00:00Z")
+    """Every time the API takes (in a body or a query) has one format: RFC 3339, with its
+    offset. A bare number (or a string of digits) is refused rather than taken for a Unix
+    timestamp, and a time without an offset rather than guessed."""
+    if value is not None and not (isinstance(value, str) and _RFC3339.match(value)):
+        raise ValueError(f"must be {TIME_FORMAT}")
     return value
+
+
+Time = Annotated[
+    AwareDatetime, BeforeValidator(_time_text),
+    WithJsonSchema({"type": "string", "format": "date-time", "description": TIME_FORMAT})]
+"""A time the API takes: RFC 3339 with its offset (``format: date-time``)."""
+
+def _bool_text(value: Any) -> Any:
+    """A boolean in a query is ``true`` or ``false``, as the document says; not ``1``,
+    ``yes`` or ``on``."""
+    if value not in ("true", "false"):
+        raise ValueError("must be true or false")
+    return value == "true"
+
+
+QueryBool = Annotated[bool, BeforeValidator(_bool_text),
+                      WithJsonSchema({"type": "boolean"})]
+"""A boolean query parameter: ``true`` or ``false``."""
+
+Uuid = Annotated[str, WithJsonSchema({"type": "string", "format": "uuid"})]
+"""An id the API answers with: a UUID."""
+
+NO_NUL = r"^[^\x00]*$"
 
 
 class SubmitRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    ffqn: str = Field(description="Workflow name: namespace:package/interface.function")
+    ffqn: str = Field(
+        description="Workflow name: namespace:package/interface.function (422 invalid_ffqn "
+        "otherwise; unknown_workflow for a name the server's app does not register)",
+        json_schema_extra={"pattern": FFQN_PATTERN, "maxLength": MAX_FFQN_LENGTH})
     params: list[Any] = Field(default_factory=list, description="Positional parameters")
     idempotency_key: str | None = Field(
         default=None,
@@ -35,16 +76,27 @@ class SubmitRequest(BaseModel):
         max_length=256,
         description="Submitting again with the same key returns the same execution",
     )
-    scheduled_at: Annotated[AwareDatetime | None, BeforeValidator(_time_text)] = Field(
-        default=None, description="Not claimable before this time (default: now)"
+    scheduled_at: Time | None = Field(
+        default=None, description="Not claimable before this time (default: now); from 1970 "
+        "to 9999 (422 invalid_time otherwise)"
     )
-    paused: bool = Field(default=False, description="Submit on hold (status paused)")
+    paused: StrictBool = Field(default=False, description="Submit on hold (status paused)")
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[Any] = Field(
+        description="Up to 1,000 submissions, each as the body of POST /v1/executions "
+                    "({ffqn, params?, idempotency_key?, scheduled_at?, paused?})")
 
 
 class MessageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    topic: str = Field(min_length=1, max_length=256, description="What recv(topic) waits on")
+    topic: str = Field(min_length=1, max_length=256, description="What recv(topic) waits on "
+                       "(no NUL character: 422 invalid_topic)",
+                       json_schema_extra={"pattern": NO_NUL})
     payload: Any = Field(default=None, description="Any JSON value")
 
 
@@ -63,11 +115,25 @@ class FailRequest(BaseModel):
 
 
 class ResolveRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """``attach`` needs ``external_execution_id`` and takes no ``force``; ``fail`` and
+    ``cancel`` take no ``external_execution_id`` (422 invalid_action, invalid_force
+    otherwise: docs/external.md)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [{
+        "if": {"properties": {"action": {"const": "attach"}}, "required": ["action"]},
+        "then": {"required": ["external_execution_id"],
+                 "properties": {"external_execution_id": {"type": "string"},
+                                "force": {"const": False}}},
+        "else": {"properties": {"external_execution_id": {"type": "null"}}},
+    }]})
 
     action: Literal["attach", "fail", "cancel"]
-    external_execution_id: str | None = Field(default=None, min_length=1, max_length=200)
-    reason: str = Field(min_length=1, max_length=2000)
+    external_execution_id: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="attach only (and required there): the engine's id of the run")
+    reason: str = Field(min_length=1, max_length=2000,
+                        description="Why (recorded in history); not only spaces (422 "
+                        "invalid_reason)", json_schema_extra={"pattern": r"\S"})
     by: str = Field(default="operator", min_length=1, max_length=200,
                     description="Who resolves it (recorded in history)")
     force: StrictBool = Field(
@@ -76,15 +142,29 @@ class ResolveRequest(BaseModel):
                     "finished (recorded as forced, kept on the flagged list)")
 
 
+class PauseRequest(BaseModel):
+    """Who pauses an execution, and why: recorded in its history, said by its
+    ``waiting_reason`` (docs/states.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    by: str | None = Field(default=None, min_length=1, max_length=200,
+                           description="Who pauses it (default: not named)",
+                           json_schema_extra={"pattern": r"\S"})
+    reason: str | None = Field(default=None, min_length=1, max_length=2000,
+                               description="Why; not only spaces (422 invalid_reason)",
+                               json_schema_extra={"pattern": r"\S"})
+
+
 class MessageOut(BaseModel):
     message_id: int
-    execution_id: str
+    execution_id: Uuid
     topic: str
     created_at: datetime
 
 
 class ExecutionOut(BaseModel):
-    id: str
+    id: Uuid
     ffqn: str
     params: list[Any] | None = Field(
         description="The parameters; null only in a list item that left them out (elided)")
@@ -93,7 +173,7 @@ class ExecutionOut(BaseModel):
     error: Any
     attempt: int
     deployment_id: str
-    parent_id: str | None
+    parent_id: Uuid | None
     idempotency_key: str | None
     scheduled_at: datetime
     created_at: datetime
@@ -116,14 +196,17 @@ class ExecutionOut(BaseModel):
         default=None, description="An operator's request to end a delegated run, waiting "
         "for the engine to confirm the stop: {action, reason, by}")
     end_requested_at: datetime | None = None
-    retry_of: str | None = Field(
+    retry_of: Uuid | None = Field(
         default=None, description="For a retry (PUT .../retry): the failed execution it "
         "retries")
     started_at: datetime | None = Field(
         default=None, description="When a worker first claimed it (kept across later "
         "claims); null if it never ran")
     waiting_reason: str | None = Field(
-        default=None, description="Why a pending execution is not being run (if known)"
+        default=None, description="Why an unfinished execution is not finished yet, in "
+        "words (asleep until T, waiting for a message or children, paused by whom, held by "
+        "which worker and what recovery will do, scheduled for T, no live worker for it); "
+        "null once terminal: docs/states.md"
     )
     elided: dict[str, int] | None = Field(
         default=None,
@@ -145,7 +228,21 @@ class ExecutionOut(BaseModel):
                 if size > elide_over:
                     elided[name] = size
                     values[name] = None
-        return cls(
+        # constructed, not validated: every value comes typed from the store's Execution
+        return cls.model_construct(**cls.fields_of(e, values, elided, waiting_reason))
+
+    @classmethod
+    def plain(cls, e: Execution) -> dict[str, Any]:
+        """The execution's fields as a dict, for ``pydantic_core.to_json``: the same JSON
+        as the model's (a batch answers 1,000 of them without a model each)."""
+        fields = cls.fields_of(e, {"params": e.params, "result": e.result, "error": e.error},
+                               {}, None)
+        return {name: fields[name] for name in cls.model_fields}
+
+    @staticmethod
+    def fields_of(e: Execution, values: dict[str, Any], elided: dict[str, int],
+                  waiting_reason: str | None) -> dict[str, Any]:
+        return dict(
             id=str(e.id),
             ffqn=e.ffqn,
             params=values["params"],
@@ -185,6 +282,13 @@ class ExecutionPage(BaseModel):
     next_cursor: str | None
 
 
+class BatchOut(BaseModel):
+    items: list[ExecutionOut] = Field(description="The executions, in the order submitted")
+    created: list[bool] = Field(
+        description="For each item: created now (false: its idempotency key named an "
+                    "execution already, submitted before or earlier in the batch)")
+
+
 class HistoryItem(BaseModel):
     seq: int
     kind: str
@@ -216,7 +320,11 @@ class WorkerOut(BaseModel):
     started_at: datetime
     last_heartbeat: datetime
     stopped_at: datetime | None
-    live: bool
+    heartbeat_interval: float | None = Field(
+        description="Seconds between its heartbeats (null: not recorded by the worker)")
+    live: bool = Field(
+        description="Not stopped, and its next heartbeat late by at most two heartbeat "
+        "intervals (never more than the lease TTL): docs/workers.md")
 
     @classmethod
     def of(cls, view: WorkerView) -> WorkerOut:
@@ -224,7 +332,8 @@ class WorkerOut(BaseModel):
         return cls(id=r.id, host=r.host, pid=r.pid, deployment_id=r.deployment_id,
                    workflows=r.ffqns, upgrade_auto=r.upgrade_ffqns,
                    concurrency=r.concurrency, started_at=r.started_at,
-                   last_heartbeat=r.last_heartbeat, stopped_at=r.stopped_at, live=view.live)
+                   last_heartbeat=r.last_heartbeat, stopped_at=r.stopped_at,
+                   heartbeat_interval=r.heartbeat_interval, live=view.live)
 
 
 class WorkerPage(BaseModel):
@@ -243,7 +352,7 @@ class CronOut(BaseModel):
         description="When a server first ran the entry with this schedule and time zone "
                     "(nothing before it fires); null until a server has run it so")
     last_slot: datetime | None = Field(description="The newest slot started")
-    last_execution_id: str | None = Field(description="The execution the last slot started")
+    last_execution_id: Uuid | None = Field(description="The execution the last slot started")
     last_execution_status: Status | None = Field(description="That execution's status now")
     next_slot: datetime | None = Field(
         description="The first slot after now; null if the schedule never fires again")
@@ -306,9 +415,13 @@ class DeploymentPage(BaseModel):
 class AdoptRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    ffqn_prefix: str | None = Field(
-        default=None, min_length=1, max_length=512,
-        description="Only executions whose workflow name starts with this")
+    ffqn_prefix: Annotated[str, Field(min_length=1, max_length=MAX_FFQN_LENGTH),
+                           WithJsonSchema({"type": "string", "minLength": 1,
+                                           "maxLength": MAX_FFQN_LENGTH,
+                                           "pattern": FFQN_PREFIX_PATTERN})] | None = Field(
+        default=None,
+        description="Only executions whose workflow name starts with this; it must begin "
+        "some well-formed workflow name (422 invalid_ffqn_prefix)")
     by: str = Field(default="operator", min_length=1, max_length=200,
                     description="Who adopts (recorded in each execution's history)")
 
@@ -317,7 +430,7 @@ class AdoptOut(BaseModel):
     from_: str = Field(alias="from", description="The deployment they belonged to")
     to: str = Field(description="The current deployment, which they belong to now")
     count: int
-    ids: list[str] = Field(description="The executions moved, in id order")
+    ids: list[Uuid] = Field(description="The executions moved, in id order")
 
     @classmethod
     def of(cls, outcome: AdoptOutcome) -> AdoptOut:

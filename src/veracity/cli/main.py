@@ -10,41 +10,74 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sqlite3
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import psycopg
-import psycopg_pool
 
-from veracity.api.schemas import (
-    AdoptOut,
-    CronOut,
-    DeploymentOut,
-    ExecutionOut,
-    HistoryItem,
-    WorkerOut,
-)
 from veracity.cli.output import fmt_time, print_fields, print_json, print_table, short
 from veracity.config import Settings, load_settings, parse_duration
-from veracity.control import (
-    MAX_HISTORY_LIMIT,
-    AdoptOutcome,
-    CreatedToken,
-    DeploymentView,
-    Resolved,
-    TokenService,
-    TokenView,
-)
 from veracity.core.states import Status
-from veracity.errors import ConfigError, InvalidInput, VeracityError
+from veracity.errors import ConfigError, Conflict, InvalidInput, VeracityError
 from veracity.models import ApiToken, Execution, ExecutionFilter, HistoryEvent, Message
-from veracity.runtime import Runtime, open_runtime, redact_url
-from veracity.store import open_store
-from veracity.worker.replayer import ReplayResult, replay_async
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from veracity.api.schemas import (
+        AdoptOut,
+        CronOut,
+        DeploymentOut,
+        ExecutionOut,
+        HistoryItem,
+        SubmitRequest,
+        WorkerOut,
+    )
+    from veracity.control import (
+        MAX_BATCH,
+        MAX_HISTORY_LIMIT,
+        MAX_WAIT,
+        AdoptOutcome,
+        CreatedToken,
+        DeploymentView,
+        ExecutionService,
+        InvalidBatch,
+        Resolved,
+        SubmitItem,
+        TokenService,
+        TokenView,
+    )
+    from veracity.runtime import Runtime, open_runtime, redact_url
+    from veracity.store import open_store
+    from veracity.worker.replayer import ReplayResult, replay_async
+
+# What the commands use, loaded when one runs (_load), not to print --help, and not for
+# `veracity worker`, which loads what it needs itself and starts sooner without the rest.
+_LAZY = {
+    "pydantic": "ValidationError",
+    "veracity.api.schemas": "AdoptOut CronOut DeploymentOut ExecutionOut HistoryItem "
+                            "SubmitRequest WorkerOut",
+    "veracity.control": "MAX_BATCH MAX_HISTORY_LIMIT MAX_WAIT AdoptOutcome CreatedToken "
+                        "DeploymentView ExecutionService InvalidBatch Resolved SubmitItem "
+                        "TokenService TokenView",
+    "veracity.runtime": "Runtime open_runtime redact_url",
+    "veracity.store": "open_store",
+    "veracity.worker.replayer": "ReplayResult replay_async",
+}
+
+
+def _load() -> None:
+    """Bind the commands' imports in this module (once)."""
+    if "open_runtime" in globals():
+        return
+    from importlib import import_module
+
+    for module, names in _LAZY.items():
+        loaded = import_module(module)
+        globals().update({name: getattr(loaded, name) for name in names.split()})
+
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,6 +90,18 @@ class Failure(click.ClickException):
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.message}", err=True)
+
+
+def _unusable_database(exc: Exception) -> bool:
+    """The database could not be used (unreachable, not migrated, a missing file)."""
+    import sqlite3
+
+    import psycopg
+    import psycopg_pool
+
+    return isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout
+                      | sqlite3.OperationalError | psycopg.errors.UndefinedTable
+                      | FileNotFoundError)
 
 
 def run(coro: Coroutine[Any, Any, T], *, fast_loop: bool = False) -> T:
@@ -75,10 +120,11 @@ def run(coro: Coroutine[Any, Any, T], *, fast_loop: bool = False) -> T:
         raise Failure(exc.message) from None
     except ConfigError as exc:
         raise Failure(str(exc)) from None
-    except (psycopg.OperationalError, psycopg_pool.PoolTimeout, sqlite3.OperationalError,
-            psycopg.errors.UndefinedTable, FileNotFoundError) as exc:
+    except Exception as exc:
+        if not _unusable_database(exc):
+            raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, psycopg.errors.UndefinedTable) or "no such table" in first:
+        if type(exc).__name__ == "UndefinedTable" or "no such table" in first:
             first += " (run `veracity migrate`, or start the server once: it migrates)"
         raise Failure(f"cannot use the database: {first}") from None
 
@@ -118,21 +164,27 @@ async def with_runtime(settings: Settings, fn: Callable[[Runtime], Awaitable[T]]
 
 
 def execution_json(e: Execution, waiting_reason: str | None = None) -> dict[str, Any]:
+    _load()
     return ExecutionOut.of(e, waiting_reason).model_dump(mode="json")
 
 
 def event_json(ev: HistoryEvent) -> dict[str, Any]:
+    _load()
     return HistoryItem.of(ev).model_dump(mode="json")
 
 
-def print_execution(e: Execution) -> None:
+def print_execution(e: Execution, waiting_reason: str | None = None, *,
+                    whole: bool = False) -> None:
+    """``whole``: the result and error in full (not shortened)."""
+    width = 1 << 62 if whole else 200
     print_fields([
         ("id", str(e.id)),
         ("ffqn", e.ffqn),
         ("status", str(e.status)),
+        ("waiting", waiting_reason or "-"),
         ("params", short(e.params, 200)),
-        ("result", short(e.result, 200) if e.status == Status.COMPLETED else "-"),
-        ("error", short(e.error, 200) if e.error is not None else "-"),
+        ("result", short(e.result, width) if e.status == Status.COMPLETED else "-"),
+        ("error", short(e.error, width) if e.error is not None else "-"),
         ("attempt", str(e.attempt)),
         ("deployment", e.deployment_id),
         ("parent", str(e.parent_id) if e.parent_id else "-"),
@@ -159,8 +211,11 @@ def parse_time(name: str, value: str | None) -> datetime | None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="veracity")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Veracity: durable workflow executions that never lie about their state."""
+    if ctx.invoked_subcommand != "worker":
+        _load()
 
 
 @cli.command()
@@ -435,10 +490,85 @@ def _parse_params(params_json: str | None, values: tuple[str, ...]) -> list[Any]
     return out
 
 
+def _submissions_from(path: str) -> tuple[list[SubmitItem], dict[int, VeracityError],
+                                          list[int]]:
+    """The submissions of a JSON Lines file: one object per line as the body of POST
+    /v1/executions; blank lines are skipped. Returns the items, those already found bad
+    (by index), and each item's line number."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="--from-file") \
+            from None
+    items: list[SubmitItem] = []
+    refused: dict[int, VeracityError] = {}
+    numbers: list[int] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        numbers.append(number)
+        try:
+            one = SubmitRequest.model_validate_json(line)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in first["loc"])
+            refused[len(items)] = InvalidInput(
+                f"{where + ': ' if where else ''}{first['msg']}", code="invalid_input")
+            items.append(SubmitItem(""))
+            continue
+        items.append(SubmitItem(one.ffqn, one.params, one.idempotency_key, one.scheduled_at,
+                                one.paused))
+    return items, refused, numbers
+
+
+async def _submit_file(rt: Runtime, path: str, items: list[SubmitItem],
+                       refused: dict[int, VeracityError], numbers: list[int]
+                       ) -> list[tuple[Execution, bool]]:
+    """Check the whole file, then submit it MAX_BATCH lines per transaction."""
+    try:
+        news = rt.service.prepare_many(items, refused)
+    except InvalidBatch as exc:
+        bad = exc.details["items"]
+        lines = [f"{path}:{numbers[b['index']]}: {b['message']}" for b in bad[:20]]
+        more = f"\n... and {len(bad) - 20} more" if len(bad) > 20 else ""
+        raise Failure(f"{len(bad)} bad line(s) in {path}; nothing was submitted\n"
+                      + "\n".join(lines) + more) from None
+    done: list[tuple[Execution, bool]] = []
+    for start in range(0, len(news), MAX_BATCH):
+        try:
+            done += await rt.service.submit_prepared(news[start:start + MAX_BATCH])
+        except Conflict as exc:
+            lines = [f"{path}:{numbers[start + b['index']]}: {b['message']}"
+                     for b in exc.details.get("items", [])]
+            kept = (f"; lines before {numbers[start]} were submitted" if start else
+                    "; nothing was submitted")
+            raise Failure(exc.message + kept + "\n" + "\n".join(lines)) from None
+    return done
+
+
+async def _follow(service: ExecutionService, execution: Execution) -> Execution:
+    """Wait until the execution has ended (long waits, woken by its end)."""
+    while not execution.status.is_terminal:
+        execution = await service.wait(execution.id, MAX_WAIT)
+    return execution
+
+
+def _show_ended(execution: Execution, as_json: bool) -> None:
+    """Print an ended execution, its result whole; exit 1 unless it completed."""
+    if as_json:
+        print_json(execution_json(execution))
+    else:
+        print_execution(execution, whole=True)
+    if execution.status != Status.COMPLETED:
+        raise Failure(f"execution {execution.id} ended {execution.status}: "
+                      f"{short(execution.error, 500)}")
+
+
 @cli.command()
 @common_options
 @json_option
-@click.argument("ffqn")
+@click.argument("ffqn", required=False)
 @click.argument("params", nargs=-1)
 @click.option("--params", "params_json", default=None, metavar="JSON",
               help="All parameters as one JSON array.")
@@ -446,20 +576,56 @@ def _parse_params(params_json: str | None, values: tuple[str, ...]) -> list[Any]
 @click.option("--scheduled-at", default=None, metavar="TIME",
               help="ISO 8601 time before which it is not run.")
 @click.option("--paused", is_flag=True, help="Submit on hold (unpause to run it).")
+@click.option("--from-file", "from_file", default=None, metavar="FILE.jsonl",
+              type=click.Path(dir_okay=False),
+              help="Submit every line of FILE (JSON Lines: {ffqn, params, idempotency_key, "
+                   "scheduled_at, paused} each), 1,000 lines per transaction.")
+@click.option("--wait", "wait", is_flag=True,
+              help="Wait until it has ended, then print it with its result (exit 1 unless "
+                   "it completed).")
 def submit(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
-           ffqn: str, params: tuple[str, ...], params_json: str | None,
-           idempotency_key: str | None, scheduled_at: str | None, paused: bool) -> None:
-    """Submit an execution of FFQN; each PARAM is a JSON value."""
+           ffqn: str | None, params: tuple[str, ...], params_json: str | None,
+           idempotency_key: str | None, scheduled_at: str | None, paused: bool,
+           from_file: str | None, wait: bool) -> None:
+    """Submit an execution of FFQN; each PARAM is a JSON value. Or every line of a JSON
+    Lines file (--from-file)."""
     settings = settings_from(config_path, database_url=database_url, app=app)
+    if from_file is not None:
+        if ffqn is not None or params or params_json is not None or idempotency_key \
+                or scheduled_at or paused or wait:
+            raise click.UsageError("--from-file takes the submissions from the file: give "
+                                   "no FFQN, PARAM, --params, --idempotency-key, "
+                                   "--scheduled-at, --paused or --wait with it")
+        items, refused, numbers = _submissions_from(from_file)
+        done = run(with_runtime(settings, lambda rt: _submit_file(
+            rt, from_file, items, refused, numbers)))
+        if as_json:
+            print_json({"items": [execution_json(e) for e, _ in done],
+                        "created": [created for _, created in done]})
+            return
+        for execution, created in done:
+            click.echo(f"{execution.id}  {'submitted' if created else 'already submitted'}")
+        new = sum(1 for _, created in done if created)
+        click.echo(f"{new} submitted, {len(done) - new} already submitted (same "
+                   "idempotency key)")
+        return
+    if ffqn is None:
+        raise click.UsageError("give FFQN (or --from-file FILE.jsonl)")
     values = _parse_params(params_json, params)
     when = parse_time("--scheduled-at", scheduled_at)
 
-    async def go(rt: Runtime) -> tuple[Execution, bool]:
-        return await rt.service.submit(ffqn, values, idempotency_key=idempotency_key,
-                                       scheduled_at=when, paused=paused)
+    async def go(rt: Runtime) -> tuple[Execution, bool, Execution | None]:
+        execution, created = await rt.service.submit(
+            ffqn, values, idempotency_key=idempotency_key, scheduled_at=when, paused=paused)
+        if wait and not as_json:
+            word = "submitted" if created else "already submitted (same idempotency key)"
+            click.echo(f"{word}: {execution.id}; waiting for it to end", err=True)
+        return execution, created, (await _follow(rt.service, execution) if wait else None)
 
-    execution, created = run(with_runtime(settings, go))
-    if as_json:
+    execution, created, ended = run(with_runtime(settings, go))
+    if ended is not None:
+        _show_ended(ended, as_json)
+    elif as_json:
         print_json(execution_json(execution))
     else:
         word = "submitted" if created else "already submitted (same idempotency key)"
@@ -471,16 +637,27 @@ def submit(config_path: str | None, database_url: str | None, app: str | None, a
 @common_options
 @json_option
 @click.argument("execution_id")
+@click.option("--follow", is_flag=True,
+              help="Wait until it has ended, then print it with its result (exit 1 unless "
+                   "it completed).")
 def get(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
-        execution_id: str) -> None:
+        execution_id: str, follow: bool) -> None:
     """Show one execution."""
     settings = settings_from(config_path, database_url=database_url, app=app)
-    execution = run(with_runtime(settings, lambda rt: rt.service.get(execution_id),
-                                 read_only=True))
-    if as_json:
-        print_json(execution_json(execution))
+
+    async def one(rt: Runtime) -> tuple[Execution, str | None]:
+        execution = await rt.service.get(execution_id)
+        if follow:
+            return await _follow(rt.service, execution), None
+        return execution, (await rt.service.waiting_reasons([execution])).get(execution.id)
+
+    execution, waiting = run(with_runtime(settings, one, read_only=True))
+    if follow:
+        _show_ended(execution, as_json)
+    elif as_json:
+        print_json(execution_json(execution, waiting))
     else:
-        print_execution(execution)
+        print_execution(execution, waiting)
 
 
 @cli.command(name="list")
@@ -557,6 +734,7 @@ def history(config_path: str | None, database_url: str | None, app: str | None, 
 async def replay_execution(rt: Runtime, execution_id: str) -> ReplayResult:
     """Read an execution's whole history and replay it against the app's current code
     (docs/workflows.md, "Checking a code change against production histories")."""
+    _load()
     execution = await rt.service.get(execution_id)
     workflow = rt.external.workflows.get(execution.ffqn)
     if execution.engine is not None or workflow is not None:
@@ -629,19 +807,23 @@ def _control(name: str, help_text: str) -> None:
 
         # a cancel may have to ask a delegated run's engine to stop it
         execution, changed = run(with_runtime(settings, go, engines=name == "cancel"))
-        if as_json:
-            print_json({**execution_json(execution), "changed": changed})
-            return
-        note = "" if changed else " (nothing to change)"
-        if execution.status == Status.RUNNING and name == "cancel" \
-                and execution.cancel_requested_at is not None:
-            note = ("; cancel requested: its engine was asked to stop the run, and it ends "
-                    "cancelled once the engine confirms" if execution.engine
-                    else "; cancel requested: it stops at its next step")
-        elif execution.status == Status.RUNNING and name == "pause" \
-                and execution.pause_requested_at is not None:
-            note = "; pause requested: it parks at its next step"
-        click.echo(f"{name}: {execution.id} is {execution.status}{note}")
+        _report(name, execution, changed, as_json)
+
+
+def _report(name: str, execution: Execution, changed: bool, as_json: bool) -> None:
+    if as_json:
+        print_json({**execution_json(execution), "changed": changed})
+        return
+    note = "" if changed else " (nothing to change)"
+    if execution.status == Status.RUNNING and name == "cancel" \
+            and execution.cancel_requested_at is not None:
+        note = ("; cancel requested: its engine was asked to stop the run, and it ends "
+                "cancelled once the engine confirms" if execution.engine
+                else "; cancel requested: it stops at its next step")
+    elif execution.status == Status.RUNNING and name == "pause" \
+            and execution.pause_requested_at is not None:
+        note = "; pause requested: it parks at its next step"
+    click.echo(f"{name}: {execution.id} is {execution.status}{note}")
 
 
 @cli.command()
@@ -662,7 +844,24 @@ def retry(config_path: str | None, database_url: str | None, app: str | None,
 
 
 _control("cancel", "Cancel a -cancellable execution (and its cancellable children).")
-_control("pause", "Hold an execution: it is not run until unpaused.")
+
+
+@cli.command(name="pause")
+@common_options
+@json_option
+@click.argument("execution_id")
+@click.option("--reason", default=None, help="Why (recorded in its history).")
+@click.option("--by", "by", default="cli", show_default=True, help="Who pauses it.")
+def pause(config_path: str | None, database_url: str | None, app: str | None,
+          as_json: bool, execution_id: str, reason: str | None, by: str) -> None:
+    """Hold an execution: it is not run until unpaused (a running one parks at its next
+    step); who and why are recorded and said by its waiting reason."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    execution, changed = run(with_runtime(
+        settings, lambda rt: rt.service.pause(execution_id, actor=by, reason=reason)))
+    _report("pause", execution, changed, as_json)
+
+
 _control("unpause", "Release a paused execution.")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from veracity.core.states import Status
@@ -28,9 +29,38 @@ class Upgrade(StrEnum):
     """Claimed by a worker of any deployment, and moved onto that worker's deployment."""
 
 
+MISSED_BEATS = 2
+"""A worker whose next heartbeat is late by more than this many heartbeat intervals is
+not live (killed, frozen, cut off), long before its leases expire."""
+
+
+def live_window(heartbeat_interval: float | None, live_within: timedelta) -> timedelta:
+    """How old a worker's last heartbeat may be while it counts as live: its next beat
+    (one interval after the last) missed by at most ``MISSED_BEATS`` more intervals, and
+    never longer than ``live_within`` (the lease TTL). A worker that did not record its
+    heartbeat interval (one started before it was recorded) has ``live_within``."""
+    if live_within <= timedelta(0):
+        raise ValueError("live_within must be positive")
+    if heartbeat_interval is None:
+        return live_within
+    if not heartbeat_interval > 0:
+        raise ValueError("a heartbeat interval must be positive")
+    beats = timedelta(seconds=heartbeat_interval * (MISSED_BEATS + 1))
+    return min(beats, live_within)
+
+
+def is_live(*, stopped_at: datetime | None, last_heartbeat: datetime,
+            heartbeat_interval: float | None, now: datetime, live_within: timedelta) -> bool:
+    """Not stopped, and its last heartbeat within :func:`live_window` of ``now`` (the
+    database's clock, as the heartbeat's)."""
+    if stopped_at is not None:
+        return False
+    return now - last_heartbeat <= live_window(heartbeat_interval, live_within)
+
+
 @dataclass(frozen=True, slots=True)
 class LiveWorker:
-    """What a live worker (a fresh heartbeat, not stopped) registered."""
+    """What a live worker (:func:`is_live`) registered."""
 
     deployment_id: str
     ffqns: frozenset[str]

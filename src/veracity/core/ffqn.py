@@ -7,17 +7,23 @@ import re
 MAX_FFQN_LENGTH = 512
 CANCELLABLE_SUFFIX = "-cancellable"
 
+FFQN_PATTERN = (r"^[a-z][a-z0-9_-]*:[a-z][a-z0-9_.-]*/[a-z][a-z0-9_-]*\.[a-z][a-z0-9_-]*$")
+"""A well-formed name, as a regular expression (also in the OpenAPI document)."""
+
 _FFQN = re.compile(
     r"^(?P<ns>[a-z][a-z0-9_-]*):(?P<pkg>[a-z][a-z0-9_.-]*)/(?P<iface>[a-z][a-z0-9_-]*)\."
-    r"(?P<fn>[a-z][a-z0-9_-]*)$"
+    r"(?P<fn>[a-z][a-z0-9_-]*)\Z"
 )
 
 
 # every prefix of a well-formed name: "shop", "shop:", "shop:orders/", "shop:orders/pro", ...
-_PREFIX = re.compile(
+FFQN_PREFIX_PATTERN = (
     r"^[a-z][a-z0-9_-]*(?::(?:[a-z][a-z0-9_.-]*(?:/(?:[a-z][a-z0-9_-]*"
     r"(?:\.(?:[a-z][a-z0-9_-]*)?)?)?)?)?)?$"
 )
+"""What some well-formed name starts with (also in the OpenAPI document)."""
+
+_PREFIX = re.compile(FFQN_PREFIX_PATTERN[:-1] + r"\Z")
 
 
 class InvalidFfqn(ValueError):

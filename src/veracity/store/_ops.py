@@ -20,17 +20,19 @@ import uuid
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from veracity.core.deployments import Coverage, LiveWorker
+from veracity.core.deployments import Coverage, LiveWorker, is_live
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
 from veracity.core.recovery import Expired, decide_recovery
 from veracity.core.requests import CallbackOutcome, CallbackReport, InterruptKind, ResolveAction
 from veracity.core.retention import Member, decide_prune, families_from
 from veracity.core.states import TERMINAL, Status, sources_of
+from veracity.core.waiting import parked_reason
 from veracity.models import (
     JSON,
     Adopted,
+    BatchConflict,
     CallbackResult,
     Claim,
     ControlResult,
@@ -40,14 +42,17 @@ from veracity.models import (
     DeploymentRecord,
     DeploymentSummary,
     Execution,
+    HistoryEvent,
     Interrupt,
     Message,
     NewExecution,
     PruneBatch,
     ReconcileAction,
     Recovered,
+    Submitted,
     Taken,
     TransitionResult,
+    WaitRecord,
 )
 from veracity.store._common import check_journal_kind, late_report_event
 
@@ -111,6 +116,11 @@ def execution_from(row: Row) -> Execution:
         retry_of=row["retry_of"],
         started_at=row["started_at"],
     )
+
+
+def event_from(row: Row) -> HistoryEvent:
+    return HistoryEvent(execution_id=row["execution_id"], seq=row["seq"], kind=row["kind"],
+                        at=row["at"], data=row["data"])
 
 
 def message_from(row: Row) -> Message:
@@ -213,7 +223,7 @@ def block_if_owned(
         })
         yield from _events(claim.execution_id, seq + len(events), [("paused", {
             "owner": claim.owner, "epoch": claim.epoch,
-            "reason": f"pause requested; parked at its wait ({reason})"})], now)
+            "reason": parked_reason(reason)})], now)
         return TransitionResult(True, execution_from(rows[0]))
     rows = yield Query("execution_block", {
         "id": claim.execution_id, "wake_at": wake_at, "seen": seen_signal,
@@ -244,22 +254,31 @@ def spawn_if_owned(
     if row is None:
         return (yield from _late(claim, "spawn", {"children": [str(c.id) for c in children]},
                                  now))
-    for child in children:
-        rows = yield Query("execution_insert_child", {
-            "id": child.id, "ffqn": child.ffqn, "params": JsonParam(child.params),
-            "deployment_id": child.deployment_id, "parent_id": child.parent_id,
-            "join_set": child.join_set, "scheduled_at": child.scheduled_at, "now": now,
-        })
-        if rows:
-            created = execution_from(rows[0])
-            yield from _events(child.id, 0, [(str(created.status), {
-                "ffqn": created.ffqn, "params": created.params,
-                "deployment_id": created.deployment_id,
-                "parent_id": str(created.parent_id) if created.parent_id else None,
-                "join_set": created.join_set, "created_by": str(claim.execution_id),
-            })], now)
+    # two statements however many children (a reconciler may schedule thousands at once):
+    # the new ones inserted (an id already there is left as it is), then their events
+    rows: list[Row] = []
+    if children:
+        rows = yield Query("execution_insert_children", {"now": now, "rows": JsonParam([{
+            "id": str(c.id), "ffqn": c.ffqn, "params": c.params,
+            "deployment_id": c.deployment_id,
+            "parent_id": str(c.parent_id) if c.parent_id else None, "join_set": c.join_set,
+            "scheduled_at": cast(JSON, c.scheduled_at),  # a time: encoded by the backend
+        } for c in children])})
+    created = sorted((execution_from(r) for r in rows), key=lambda e: e.id)
+    if created:
+        yield Query("history_append_many", {"now": now, "rows": JsonParam([{
+            "execution_id": str(e.id), "seq": 1, "kind": str(e.status), "data": {
+                "ffqn": e.ffqn, "params": e.params, "deployment_id": e.deployment_id,
+                "parent_id": str(e.parent_id) if e.parent_id else None,
+                "join_set": e.join_set, "created_by": str(claim.execution_id)},
+        } for e in created])})
     yield Query("execution_bump_history", {"id": claim.execution_id, "by": len(events)})
-    yield from _events(claim.execution_id, row["history_seq"], events, now)
+    if len(events) > 1:
+        yield Query("history_append_many", {"now": now, "rows": JsonParam([
+            {"execution_id": str(claim.execution_id), "seq": row["history_seq"] + i,
+             "kind": kind, "data": data} for i, (kind, data) in enumerate(events, 1)])})
+    else:
+        yield from _events(claim.execution_id, row["history_seq"], events, now)
     return TransitionResult(True, None)
 
 
@@ -336,7 +355,7 @@ def _stop_cancel(claim: Claim, seq: int, now: datetime | None) -> Op:
 
 
 def retry(old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
-          actor: str | None, now: datetime | None) -> Op:
+          actor: str | None, now: datetime | None, *, reason: str | None = None) -> Op:
     """A new execution retrying a failed one: pending, linked to it (``retry_of``), with the
     failed one's ``replayed`` journal events copied into its history after its ``pending``
     event, so that its run replays them. The failed execution is left unchanged. Refused
@@ -353,10 +372,10 @@ def retry(old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JS
         "deployment_id": new.deployment_id, "retry_of": old_id, "now": now,
         "history_seq": 1 + len(replayed)})
     created = execution_from(rows[0])
-    events: list[tuple[str, JSON]] = [("pending", {
+    events: list[tuple[str, JSON]] = [("pending", _with_reason({
         "ffqn": created.ffqn, "params": created.params,
         "deployment_id": created.deployment_id, "retry_of": str(old_id), "by": actor,
-        "replays": len(replayed)}), *replayed]
+        "replays": len(replayed)}, reason)), *replayed]
     yield from _events(created.id, 0, events, now)
     return ControlResult(created, changed=True)
 
@@ -509,7 +528,8 @@ def wake_due(limit: int, now: datetime | None) -> Op:
 
 
 def send_message(execution_id: uuid.UUID, topic: str, payload: JSON,
-                 now: datetime | None) -> Op:
+                 now: datetime | None, *, actor: str | None = None,
+                 reason: str | None = None) -> Op:
     row = yield from _lock(execution_id)
     if row is None:
         return ControlResult(None)
@@ -528,15 +548,25 @@ def send_message(execution_id: uuid.UUID, topic: str, payload: JSON,
         "events": 2 if wake else 1,
         "from_states": _names(sources_of(Status.PENDING, among=[Status.BLOCKED])),
     })
-    events: list[tuple[str, JSON]] = [
-        ("message_arrived", {"message_id": message.id, "topic": topic})]
+    arrived: dict[str, JSON] = {"message_id": message.id, "topic": topic}
+    if actor is not None:
+        arrived["by"] = actor
+    events: list[tuple[str, JSON]] = [("message_arrived", _with_reason(arrived, reason))]
     if wake:
         events.append(("pending", {"reason": "message arrived", "topic": topic}))
     yield from _events(execution_id, current.history_seq, events, now)
     return ControlResult(execution_from(rows[0]), changed=True, message=message)
 
 
-def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def _with_reason(data: dict[str, JSON], reason: str | None) -> dict[str, JSON]:
+    """An operator's written reason goes into the event, when one was given."""
+    if reason is not None:
+        data["reason"] = reason
+    return data
+
+
+def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None, *,
+           reason: str | None = None) -> Op:
     """Request cancellation of an execution and, recursively, of its cancellable children;
     record cancelled at once whatever is not running and has no unfinished children. The
     caller has checked that the root's name ends in -cancellable."""
@@ -546,12 +576,13 @@ def cancel(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> 
     root = execution_from(row)
     if root.status.is_terminal:
         return ControlResult(root)
-    marked = yield from _cancel_subtree(execution_id, actor, now)
+    marked = yield from _cancel_subtree(execution_id, actor, now, reason)
     after = yield from _get(execution_id)
     return ControlResult(after, changed=bool(marked))
 
 
-def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | None,
+                    reason: str | None = None) -> Op:
     """Mark the execution and its cancellable descendants cancel-requested, then record
     cancelled whatever is not running and has no unfinished children."""
     rows = yield Query("execution_cancel_mark", {
@@ -559,8 +590,8 @@ def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | 
     })
     marked = [execution_from(r) for r in rows]
     for e in marked:
-        yield from _events(e.id, e.history_seq - 1, [("cancel_requested", {
-            "by": actor, "root": str(execution_id)})], now)
+        yield from _events(e.id, e.history_seq - 1, [("cancel_requested", _with_reason({
+            "by": actor, "root": str(execution_id)}, reason))], now)
     # settle bottom-up: whatever is not running and has no open children ends now; the
     # trigger records each parent cancelled once its last child has ended
     while True:
@@ -579,7 +610,8 @@ def _cancel_subtree(execution_id: uuid.UUID, actor: str | None, now: datetime | 
     return marked
 
 
-def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None, *,
+          reason: str | None = None) -> Op:
     row = yield from _lock(execution_id)
     if row is None:
         return ControlResult(None)
@@ -596,27 +628,28 @@ def pause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> O
         return ControlResult(current)
     if current.status == Status.RUNNING:
         rows = yield Query("execution_request_pause", {"id": execution_id, "now": now})
-        yield from _events(execution_id, current.history_seq, [("pause_requested", {
-            "by": actor})], now)
+        yield from _events(execution_id, current.history_seq, [("pause_requested", _with_reason({
+            "by": actor}, reason))], now)
         return ControlResult(execution_from(rows[0]), changed=True)
     rows = yield Query("execution_pause", {
         "id": execution_id, "now": now,
         "from_states": _names(sources_of(Status.PAUSED, among=[Status.PENDING, Status.BLOCKED])),
     })
-    yield from _events(execution_id, current.history_seq, [("paused", {
-        "by": actor, "from": str(current.status)})], now)
+    yield from _events(execution_id, current.history_seq, [("paused", _with_reason({
+        "by": actor, "from": str(current.status)}, reason))], now)
     return ControlResult(execution_from(rows[0]), changed=True)
 
 
-def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) -> Op:
+def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None, *,
+            reason: str | None = None) -> Op:
     row = yield from _lock(execution_id)
     if row is None:
         return ControlResult(None)
     current = execution_from(row)
     if current.status == Status.RUNNING and current.pause_requested_at is not None:
         rows = yield Query("execution_withdraw_pause", {"id": execution_id, "now": now})
-        yield from _events(execution_id, current.history_seq, [("pause_withdrawn", {
-            "by": actor})], now)
+        yield from _events(execution_id, current.history_seq, [("pause_withdrawn", _with_reason({
+            "by": actor}, reason))], now)
         return ControlResult(execution_from(rows[0]), changed=True)
     if current.status != Status.PAUSED:
         return ControlResult(current, refused=f"execution is {current.status}, not paused")
@@ -626,7 +659,7 @@ def unpause(execution_id: uuid.UUID, actor: str | None, now: datetime | None) ->
     })
     updated = execution_from(rows[0])
     yield from _events(execution_id, current.history_seq, [(str(updated.status), {
-        "by": actor, "reason": "unpaused"})], now)
+        "by": actor, "reason": "unpaused" if reason is None else f"unpaused: {reason}"})], now)
     return ControlResult(updated, changed=True)
 
 
@@ -865,6 +898,28 @@ def status_counts() -> Op:
     return {str(r["status"]): int(r["n"]) for r in rows}
 
 
+def counts_in(statuses: list[str]) -> Op:
+    rows = yield Query("execution_counts_in", {"statuses": statuses})
+    return {str(r["status"]): int(r["n"]) for r in rows}
+
+
+def children_of(parent_ids: list[uuid.UUID], limit: int) -> Op:
+    rows = yield Query("execution_children_of", {"parent_ids": parent_ids, "limit": limit})
+    return [execution_from(r) for r in rows]
+
+
+def history_of_kinds(execution_id: uuid.UUID, kinds: list[str], after_seq: int,
+                     limit: int) -> Op:
+    rows = yield Query("history_list_kinds", {
+        "id": execution_id, "kinds": kinds, "after_seq": after_seq, "limit": limit})
+    return [event_from(r) for r in rows]
+
+
+def history_kinds(execution_id: uuid.UUID) -> Op:
+    rows = yield Query("history_kind_counts", {"id": execution_id})
+    return {str(r["kind"]): int(r["n"]) for r in rows}
+
+
 def resolve(execution_id: uuid.UUID, action: ResolveAction, external_id: str | None, reason: str,
             actor: str, unconfirmed: str | None, expected_external_id: str | None,
             now: datetime | None) -> Op:
@@ -992,7 +1047,10 @@ def _coverage(live_within: timedelta, deployment_id: str | None, now: datetime |
     rows = yield Query("worker_live", {
         "live_within": live_within, "deployment_id": deployment_id, "now": now})
     return Coverage(LiveWorker(r["deployment_id"], frozenset(r["ffqns"]),
-                               frozenset(r["upgrade_ffqns"])) for r in rows)
+                               frozenset(r["upgrade_ffqns"])) for r in rows
+                    if is_live(stopped_at=r["stopped_at"], last_heartbeat=r["last_heartbeat"],
+                               heartbeat_interval=r["heartbeat_interval"],
+                               now=r["db_now"], live_within=live_within))
 
 
 def deployments(live_within: timedelta, now: datetime | None) -> Op:
@@ -1064,3 +1122,83 @@ def adopt(from_id: str, to_id: str, ffqn_prefix: str | None, actor: str,
          "data": {"from": from_id, "to": to_id, "by": actor}} for eid in ids])})
     yield Query("notify_pending", {})
     return Adopted(ids)
+
+
+# -- what unfinished executions wait for (core.waiting) -------------------------------------
+
+
+def waits_from(ids: Sequence[uuid.UUID], events: Sequence[Row], children: Sequence[Row]
+               ) -> dict[uuid.UUID, WaitRecord]:
+    """The records of ``execution_waits``: rows of ``history_newest_of_kinds`` and of
+    ``execution_unfinished_children`` gathered by execution."""
+    out = {i: WaitRecord() for i in ids}
+    for r in events:
+        out[r["execution_id"]].events[r["kind"]] = r["data"]
+    for r in children:
+        _, first = out[r["parent_id"]].children.setdefault(
+            r["join_set"], (int(r["n"]), []))
+        first.append(r["id"])
+    return out
+# -- batch submission ------------------------------------------------------------------------
+
+
+def submit_many(items: Sequence[NewExecution], now: datetime | None) -> Op:
+    """A batch of submissions in a fixed number of statements: insert every item whose key
+    is new to the batch (a key stored already, committed or not, is waited for and
+    skipped), their first events, and read what the keys skipped name. Each item is
+    answered in order; a key reused with a different request refuses the whole batch
+    (:class:`BatchConflict`, raised inside the transaction: nothing is written)."""
+    first: dict[str, int] = {}
+    inserting: list[NewExecution] = []
+    for i, new in enumerate(items):
+        if new.parent_id is not None or new.join_set is not None or new.retry_of is not None:
+            raise ValueError("a batch submits top-level executions only")
+        if new.idempotency_key is not None:
+            if new.idempotency_key in first:
+                continue
+            first[new.idempotency_key] = i
+        inserting.append(new)
+    rows = yield Query("execution_submit_many", {"now": now, "rows": JsonParam([
+        {"id": str(n.id), "ffqn": n.ffqn, "params": n.params, "paused": n.paused,
+         "deployment_id": n.deployment_id, "idempotency_key": n.idempotency_key,
+         "request_digest": n.request_digest, "scheduled_at": n.scheduled_at}
+        for n in inserting])})
+    inserted = {r["id"]: execution_from(r) for r in rows}
+    if inserted:  # their first events, made from the rows (as execution_submit makes one)
+        yield Query("history_of_submitted", {"ids": list(inserted)})
+    by_id: dict[uuid.UUID, Row] = {}
+    by_key: dict[str, Row] = {}
+    skipped = [n for n in inserting if n.id not in inserted]
+    if skipped:
+        # a key stored before; or this very insert, committed before a lost connection
+        # made the driver run it again
+        found = yield Query("execution_by_keys_or_ids", {
+            "keys": [n.idempotency_key for n in skipped if n.idempotency_key is not None],
+            "ids": [n.id for n in skipped]})
+        for r in found:
+            by_id[r["id"]] = r
+            if r["idempotency_key"] is not None:
+                by_key[r["idempotency_key"]] = r
+    answers: list[Submitted] = []
+    conflicts: dict[int, uuid.UUID] = {}
+    for i, new in enumerate(items):
+        key = new.idempotency_key
+        if key is not None and first[key] != i:  # a key earlier in the batch
+            earlier = answers[first[key]]
+            answer = Submitted(earlier.execution, False, earlier.request_digest)
+        elif new.id in inserted:
+            answer = Submitted(inserted[new.id], True, new.request_digest)
+        elif new.id in by_id:
+            answer = Submitted(execution_from(by_id[new.id]), True,
+                               by_id[new.id]["request_digest"])
+        elif key is not None and key in by_key:
+            answer = Submitted(execution_from(by_key[key]), False,
+                               by_key[key]["request_digest"])
+        else:  # pragma: no cover - a row that conflicted cannot vanish (no deletes)
+            raise RuntimeError("insert conflict without an existing execution")
+        if not answer.created and answer.request_digest != new.request_digest:
+            conflicts[i] = answer.execution.id
+        answers.append(answer)
+    if conflicts:
+        raise BatchConflict(sorted(conflicts), conflicts)
+    return answers

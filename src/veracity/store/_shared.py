@@ -23,11 +23,13 @@ from veracity.models import (
     CronRecord,
     DeploymentSummary,
     Execution,
+    HistoryEvent,
     Interrupt,
     NewExecution,
     PruneBatch,
     ReconcileAction,
     Recovered,
+    Submitted,
     Taken,
     TransitionResult,
 )
@@ -164,6 +166,14 @@ class SharedMethods:
             lambda: _ops.stop_if_owned(claim, interrupt, self._now()))
         return result
 
+    async def execution_submit_many(self, items: Sequence[NewExecution]) -> list[Submitted]:
+        for new in items:
+            require_aware(new.scheduled_at)
+        if not items:
+            return []
+        result: list[Submitted] = await self._op(lambda: _ops.submit_many(items, self._now()))
+        return result
+
     async def execution_interrupts(self, owner: str) -> list[Interrupt]:
         result: list[Interrupt] = await self._op(lambda: _ops.interrupts(owner))
         return result
@@ -173,31 +183,33 @@ class SharedMethods:
         return result
 
     async def message_send(
-        self, execution_id: uuid.UUID, topic: str, payload: JSON
+        self, execution_id: uuid.UUID, topic: str, payload: JSON, *,
+        actor: str | None = None, reason: str | None = None,
     ) -> ControlResult:
         result: ControlResult = await self._op(
-            lambda: _ops.send_message(execution_id, topic, payload, self._now()))
+            lambda: _ops.send_message(execution_id, topic, payload, self._now(),
+                                      actor=actor, reason=reason))
         return result
 
     async def execution_cancel(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult:
         result: ControlResult = await self._op(
-            lambda: _ops.cancel(execution_id, actor, self._now()))
+            lambda: _ops.cancel(execution_id, actor, self._now(), reason=reason))
         return result
 
     async def execution_pause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult:
         result: ControlResult = await self._op(
-            lambda: _ops.pause(execution_id, actor, self._now()))
+            lambda: _ops.pause(execution_id, actor, self._now(), reason=reason))
         return result
 
     async def execution_unpause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult:
         result: ControlResult = await self._op(
-            lambda: _ops.unpause(execution_id, actor, self._now()))
+            lambda: _ops.unpause(execution_id, actor, self._now(), reason=reason))
         return result
 
     # -- external engines -----------------------------------------------------------------
@@ -295,18 +307,47 @@ class SharedMethods:
 
     async def execution_retry(
         self, old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
-        *, actor: str | None = None,
+        *, actor: str | None = None, reason: str | None = None,
     ) -> ControlResult:
         result: ControlResult = await self._op(
-            lambda: _ops.retry(old_id, new, replayed, actor, self._now()))
+            lambda: _ops.retry(old_id, new, replayed, actor, self._now(), reason=reason))
         return result
 
     async def execution_flag_counts(self) -> dict[str, int]:
         counts: dict[str, int] = await self._op(_ops.flag_counts)
         return counts
 
+    # -- the dashboard's reads (docs/dashboard.md) -----------------------------------------
+
     async def execution_status_counts(self) -> dict[str, int]:
         counts: dict[str, int] = await self._op(_ops.status_counts)
+        return counts
+
+    async def execution_counts_in(self, statuses: Sequence[str]) -> dict[str, int]:
+        if not statuses:
+            return {}
+        counts: dict[str, int] = await self._op(lambda: _ops.counts_in(list(statuses)))
+        return counts
+
+    async def execution_children_of(
+        self, parent_ids: Sequence[uuid.UUID], *, limit: int
+    ) -> list[Execution]:
+        if not parent_ids:
+            return []
+        found: list[Execution] = await self._op(
+            lambda: _ops.children_of(list(parent_ids), limit))
+        return found
+
+    async def history_list_kinds(
+        self, execution_id: uuid.UUID, kinds: Sequence[str], *, after_seq: int = 0,
+        limit: int = 1000,
+    ) -> list[HistoryEvent]:
+        events: list[HistoryEvent] = await self._op(
+            lambda: _ops.history_of_kinds(execution_id, list(kinds), after_seq, limit))
+        return events
+
+    async def history_kind_counts(self, execution_id: uuid.UUID) -> dict[str, int]:
+        counts: dict[str, int] = await self._op(lambda: _ops.history_kinds(execution_id))
         return counts
 
     # -- cron (docs/cron.md) ------------------------------------------------------------

@@ -17,7 +17,7 @@ never an exception. The conformance suite in ``tests/store/`` runs against every
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -50,6 +50,7 @@ from veracity.models import (
     Submitted,
     Taken,
     TransitionResult,
+    WaitRecord,
     WorkerInfo,
     WorkerRecord,
 )
@@ -93,12 +94,38 @@ class ReadStore(Protocol):
 
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]: ...
 
+    async def execution_waits(self, ids: Sequence[uuid.UUID], *, shown_children: int = 5
+                              ) -> dict[uuid.UUID, WaitRecord]:
+        """For each id (an unknown one included): the data of its newest history event of
+        each kind in :data:`veracity.models.WAIT_EVENT_KINDS`, and its unfinished
+        children by join set (how many, and the ``shown_children`` oldest), in a fixed
+        number of statements however many ids."""
+
     async def execution_flag_counts(self) -> dict[str, int]:
         """How many executions carry each flag kind (terminal forced ones included)."""
 
     async def execution_status_counts(self) -> dict[str, int]:
         """How many unfinished executions are in each unfinished status (a status with
         none is left out)."""
+
+    async def execution_counts_in(self, statuses: Sequence[str]) -> dict[str, int]:
+        """How many executions there are in each of ``statuses``, terminal ones included
+        (a status with none is left out)."""
+
+    async def execution_children_of(
+        self, parent_ids: Sequence[uuid.UUID], *, limit: int
+    ) -> list[Execution]:
+        """Up to ``limit`` children of these executions, by parent, then oldest first
+        (created_at, id)."""
+
+    async def history_list_kinds(
+        self, execution_id: uuid.UUID, kinds: Sequence[str], *, after_seq: int = 0,
+        limit: int = 1000,
+    ) -> list[HistoryEvent]:
+        """History events of these kinds only, in order of ``seq``."""
+
+    async def history_kind_counts(self, execution_id: uuid.UUID) -> dict[str, int]:
+        """How many events of each kind the execution's history holds."""
 
     async def cron_records(self, names: Sequence[str]) -> dict[str, CronRecord]:
         """The recorded cron entries among ``names`` (one not yet run by any server is
@@ -110,8 +137,22 @@ class ReadStore(Protocol):
     async def deployment_list(self, *, live_within: timedelta) -> list[DeploymentSummary]:
         """Every deployment the registry knows, newest first (``first_seen``), then those
         that only unfinished executions carry (by id), each with its unfinished executions
-        by status, its live workers (not stopped, a heartbeat within ``live_within``) and
-        how many of its executions are stranded (:mod:`veracity.core.deployments`)."""
+        by status, its live workers (:func:`veracity.core.deployments.is_live`, each at
+        most ``live_within`` after its last heartbeat) and how many of its executions are
+        stranded (:mod:`veracity.core.deployments`)."""
+
+
+    async def execution_ended_among(self, ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Which of ``ids`` are terminal (completed, failed, failed_transient, cancelled)."""
+
+    def ended_signals(self, wake: Callable[[], None]
+                      ) -> AbstractAsyncContextManager[Callable[[], bool]]:
+        """While entered, ``wake()`` is called (on the event loop) soon after any
+        transaction that ended executions commits: PostgreSQL's notifications (channel
+        ``veracity_ended``: from every process); on SQLite, the commits of this process's
+        stores on the same file (another process's are not seen). A hint: it may come
+        without an end, and the caller checks. The context's value answers whether the
+        signals still come (a lost notification connection answers False)."""
 
 
 class DelegatedWrites(Protocol):
@@ -281,7 +322,7 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
 class RetryWrites(Protocol):
     async def execution_retry(
         self, old_id: uuid.UUID, new: NewExecution, replayed: Sequence[tuple[str, JSON]],
-        *, actor: str | None = None,
+        *, actor: str | None = None, reason: str | None = None,
     ) -> ControlResult:
         """An operator's retry of a failed (or failed_transient) execution: ``new``, pending
         and linked to it (``retry_of``), with the ``replayed`` journal events of the failed
@@ -323,26 +364,39 @@ class ControlStore(TokenStore, RetryWrites, DelegatedWrites, ReadStore, Protocol
         existing execution with ``created=False`` (concurrent calls create one row).
         """
 
+    async def execution_submit_many(self, items: Sequence[NewExecution]) -> list[Submitted]:
+        """Submit a batch in one transaction: each item as :meth:`execution_submit` would,
+        answered in the order of ``items``. An item whose idempotency key appeared earlier
+        in the batch is answered the execution of that earlier item (``created=False``, its
+        digest). If any keyed item's ``request_digest`` differs from the one its key
+        already names (stored, or earlier in the batch), nothing is written and
+        :class:`~veracity.models.BatchConflict` names those items."""
+
     async def execution_cancel(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult:
         """Request cancellation of the execution and, recursively, of its unfinished
         -cancellable children; record cancelled at once what is not running and has no
         unfinished children. A terminal execution is left unchanged."""
 
     async def execution_pause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
-    ) -> ControlResult: ...
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
+    ) -> ControlResult:
+        """Hold it (docs/workflows.md); ``actor`` and ``reason`` go into its ``paused`` or
+        ``pause_requested`` event (``by``, and ``reason`` when given)."""
 
     async def execution_unpause(
-        self, execution_id: uuid.UUID, *, actor: str | None = None
+        self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
     ) -> ControlResult: ...
 
     async def message_send(
-        self, execution_id: uuid.UUID, topic: str, payload: JSON
+        self, execution_id: uuid.UUID, topic: str, payload: JSON, *,
+        actor: str | None = None, reason: str | None = None,
     ) -> ControlResult:
         """Store a message durably and wake the execution if it is blocked; refused for a
-        terminal execution."""
+        terminal execution. ``actor`` and ``reason``, when given, are recorded in its
+        ``message_arrived`` event (an operator's reason, given on cancel, pause and
+        unpause too, goes into the event those record)."""
 
     async def execution_callback(
         self, execution_id: uuid.UUID, token: str, report: CallbackReport, payload: JSON, *,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overl
 from veracity.bindings import redact_json, redact_text
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
 from veracity.core.retry import RetryPolicy
+from veracity.core.waiting import children_reason, message_reason, sleep_reason
 from veracity.models import (
     JSON,
     Claim,
@@ -46,7 +47,7 @@ from veracity.worker.errors import (
     NotJSONError,
     StepFailed,
 )
-from veracity.worker.http import HttpClient, digestible, step_scope
+from veracity.worker.http import digestible, step_scope
 from veracity.worker.journal import (
     CHILD_SUBMITTED,
     JOIN_NEXT,
@@ -76,6 +77,7 @@ from veracity.worker.journal import (
 if TYPE_CHECKING:
     from veracity.store.protocol import JournalStore
     from veracity.telemetry import Telemetry
+    from veracity.worker._http_client import HttpClient
 
 __all__ = [
     "CHILD_SUBMITTED",
@@ -574,7 +576,7 @@ class Context:
                 self._unwritten.extend(events)
             return
         self._beyond(pos, call, waiting=True)  # recorded, not over when the history ends
-        await self._block(until, self._signal_seq, events, "sleep")
+        await self._block(until, self._signal_seq, events, sleep_reason())
 
     async def _block(
         self, wake_at: datetime | None, seen: int, events: list[tuple[str, JSON]], reason: str
@@ -720,7 +722,7 @@ class Context:
                 await self._checkpoint(JOIN_NEXT, data)
                 js.consumed.add(child.id)
                 return outcome_of(data)
-        await self._block(None, signal, [], f"waiting for a child of join set {js.name}")
+        await self._block(None, signal, [], children_reason(js.name))
 
     # messages
 
@@ -788,8 +790,7 @@ class Context:
             events.append((RECV_STARTED, {
                 "pos": pos, "topic": topic,
                 "deadline": deadline.isoformat() if deadline else None}))
-        await self._block(deadline, taken.signal_seq, events,
-                          f"waiting for a message on {topic!r}")
+        await self._block(deadline, taken.signal_seq, events, message_reason(topic))
 
     async def _flush(self) -> None:
         pending = list(self._unwritten)

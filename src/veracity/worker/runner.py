@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from veracity.adapters.base import Engine
 from veracity.adapters.config import ExternalConfig
@@ -48,9 +48,11 @@ from veracity.worker.context import (
     NotJSONError,
     to_json_value,
 )
-from veracity.worker.http import HttpClient
 from veracity.worker.journal import retries_made
 from veracity.worker.trigger import trigger
+
+if TYPE_CHECKING:
+    from veracity.worker._http_client import HttpClient
 
 log = logging.getLogger("veracity.worker")
 RETRY_CAP = 1.0
@@ -277,8 +279,19 @@ class Worker:
         self._hints: set[asyncio.Task[None]] = set()
         self.claimed_total = 0
         self.finished_total = 0
-        self.http = HttpClient(http)
-        """``ctx.http`` of every execution this worker runs (docs/http.md)."""
+        self.bindings = http or Bindings()
+        """The ``[[http]]`` bindings ``ctx.http`` is held to (docs/http.md)."""
+        self._http: HttpClient | None = None
+
+    @property
+    def http(self) -> HttpClient:
+        """``ctx.http`` of every execution this worker runs (docs/http.md): made for the
+        first execution it runs (so that a worker claims without loading httpx first)."""
+        if self._http is None:
+            from veracity.worker._http_client import HttpClient
+
+            self._http = HttpClient(self.bindings)
+        return self._http
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -308,8 +321,8 @@ class Worker:
 
     async def run(self) -> None:
         """Register, work until :meth:`stop`, then drain and release."""
-        if self.http.is_closed:  # run again after a stop
-            self.http = HttpClient(self.http.bindings)
+        if self._http is not None and self._http.is_closed:  # run again after a stop
+            self._http = None
         await self._register()
         helpers = [asyncio.create_task(self._heartbeat_loop(), name="veracity-heartbeat")]
         if self.settings.notifications and self.store.supports_notifications:
@@ -323,7 +336,8 @@ class Worker:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
-            await self.http.close_for_worker()
+            if self._http is not None:
+                await self._http.close_for_worker()
             try:
                 await self.store.worker_stop(self.id)
             except Exception as exc:
@@ -339,6 +353,7 @@ class Worker:
             ffqns=self.ffqns,
             concurrency=self.settings.concurrency,
             upgrade_ffqns=self.upgrade_ffqns,
+            heartbeat_interval=self.settings.effective_heartbeat_interval,
         )
         delay = 0.1
         while not self._stopping.is_set():
@@ -347,7 +362,7 @@ class Worker:
                 log.info("worker started", extra={**EXTRA, "worker_id": self.id,
                                                    "workflows": self.ffqns,
                                                    "deployment_id": self.deployment_id,
-                                                   "http": self.http.bindings.describe()})
+                                                   "http": self.bindings.describe()})
                 return
             except Exception as exc:
                 self._trouble.warning("db", "database unavailable, retrying: %s", exc)

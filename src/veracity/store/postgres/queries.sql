@@ -1,5 +1,11 @@
 -- PostgreSQL queries of the store. Parameters are psycopg's %(name)s; %(now)s is the
 -- injected clock's time, NULL in production so that the database's now() rules.
+--
+-- Every statement that can end an execution also notifies channel veracity_ended for each
+-- row it ended (its `ended_note` column; identical notifications of one transaction are
+-- folded into one, sent at commit): what answers GET /v1/executions/{id}?wait= wakes on
+-- it (veracity/waiting.py). The trigger veracity_child_finished may end a parent in the
+-- same transaction as its child, whose end notifies.
 
 -- name: migrations_lock
 SELECT pg_advisory_xact_lock(%(key)s)
@@ -46,6 +52,42 @@ WITH ins AS (
     FROM ins
 )
 SELECT * FROM ins
+
+-- name: execution_submit_many
+-- rows [{id, ffqn, params, paused, deployment_id, idempotency_key, request_digest,
+-- scheduled_at}]: a batch of submissions (history_of_submitted writes their events). A
+-- key that exists is skipped (ON CONFLICT waits for its inserter to commit); rows in key
+-- order, so that batches sharing keys wait for each other instead of deadlocking.
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, paused_from, attempt, deployment_id, idempotency_key,
+    request_digest, scheduled_at, created_at, updated_at, history_seq)
+SELECT r.id, r.ffqn, r.params,
+       CASE WHEN r.paused THEN 'paused' ELSE 'pending' END,
+       CASE WHEN r.paused THEN 'pending' END,
+       1, r.deployment_id, r.idempotency_key, r.request_digest,
+       coalesce(r.scheduled_at, %(now)s::timestamptz, now()),
+       coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1
+FROM json_to_recordset(%(rows)s::json) AS r (
+    id uuid, ffqn text, params json, paused boolean, deployment_id text,
+    idempotency_key text, request_digest text, scheduled_at timestamptz)
+ORDER BY r.idempotency_key
+ON CONFLICT DO NOTHING
+RETURNING *
+
+-- name: history_of_submitted
+-- the first events of executions a batch inserted, with the data execution_submit gives
+-- its one
+INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+SELECT id, 1, status, created_at, json_build_object(
+    'ffqn', ffqn, 'params', params, 'deployment_id', deployment_id,
+    'scheduled_at', scheduled_at, 'parent_id', parent_id, 'join_set', join_set,
+    'idempotency_key', idempotency_key)
+FROM veracity_executions
+WHERE id = ANY (%(ids)s::uuid[])
+
+-- name: execution_by_keys_or_ids
+SELECT * FROM veracity_executions
+WHERE idempotency_key = ANY (%(keys)s::text[]) OR id = ANY (%(ids)s::uuid[])
 
 -- name: execution_by_key_or_id
 SELECT * FROM veracity_executions
@@ -226,7 +268,9 @@ WITH input AS (
     INSERT INTO veracity_history (execution_id, seq, kind, at, data)
     SELECT id, history_seq, status, updated_at, event FROM upd
 )
-SELECT * FROM upd
+SELECT *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
+FROM upd
 
 -- name: execution_late_report
 -- A write that lost the race is kept in history; the status is never touched.
@@ -300,7 +344,8 @@ WHERE e.id = r.id
   AND e.lease_owner = r.owner
   AND e.lease_epoch = r.epoch
   AND e.lease_expires_at <= coalesce(%(now)s::timestamptz, now())
-RETURNING e.*
+RETURNING e.*, (CASE WHEN e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: worker_register
 -- the worker, and its deployment in the registry (first seen now, or seen again)
@@ -311,16 +356,16 @@ WITH seen AS (
     ON CONFLICT (id) DO UPDATE SET last_seen = greatest(d.last_seen, EXCLUDED.last_seen)
 )
 INSERT INTO veracity_workers (
-    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, started_at,
-    last_heartbeat)
+    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, heartbeat_interval,
+    started_at, last_heartbeat)
 VALUES (
     %(id)s, %(host)s, %(pid)s, %(deployment_id)s, %(ffqns)s, %(upgrade_ffqns)s,
-    %(concurrency)s, coalesce(%(now)s::timestamptz, now()),
+    %(concurrency)s, %(heartbeat_interval)s, coalesce(%(now)s::timestamptz, now()),
     coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (id) DO UPDATE SET
     host = EXCLUDED.host, pid = EXCLUDED.pid, deployment_id = EXCLUDED.deployment_id,
     ffqns = EXCLUDED.ffqns, upgrade_ffqns = EXCLUDED.upgrade_ffqns,
-    concurrency = EXCLUDED.concurrency,
+    concurrency = EXCLUDED.concurrency, heartbeat_interval = EXCLUDED.heartbeat_interval,
     last_heartbeat = EXCLUDED.last_heartbeat, stopped_at = NULL
 RETURNING *
 
@@ -424,15 +469,18 @@ VALUES (
     coalesce(%(now)s::timestamptz, now()), %(history_seq)s)
 RETURNING *
 
--- name: execution_insert_child
+-- name: execution_insert_children
+-- rows [{id, ffqn, params, deployment_id, parent_id, join_set, scheduled_at}]: each one whose
+-- id is new, pending (scheduled now unless given), in one statement; those created returned
 INSERT INTO veracity_executions (
     id, ffqn, params, status, attempt, deployment_id, parent_id, join_set,
     scheduled_at, created_at, updated_at, history_seq)
-VALUES (
-    %(id)s, %(ffqn)s, %(params)s, 'pending', 1, %(deployment_id)s, %(parent_id)s::uuid,
-    %(join_set)s::text,
-    coalesce(%(scheduled_at)s::timestamptz, %(now)s::timestamptz, now()),
-    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1)
+SELECT r.id, r.ffqn, r.params, 'pending', 1, r.deployment_id, r.parent_id, r.join_set,
+       coalesce(r.scheduled_at, %(now)s::timestamptz, now()),
+       coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), 1
+FROM json_to_recordset(%(rows)s::json) AS r (id uuid, ffqn text, params json,
+    deployment_id text, parent_id uuid, join_set text, scheduled_at timestamptz)
+ORDER BY r.id
 ON CONFLICT (id) DO NOTHING
 RETURNING *
 
@@ -489,7 +537,8 @@ UPDATE veracity_executions SET
     updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
-RETURNING *
+RETURNING *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_signal
 SELECT signal_seq FROM veracity_executions WHERE id = %(id)s
@@ -561,7 +610,8 @@ WHERE e.id = tree.id
   AND e.status = ANY (%(from_states)s::text[])
   AND NOT EXISTS (SELECT 1 FROM veracity_executions AS c
                   WHERE c.parent_id = e.id AND c.status <> ALL (%(terminal)s::text[]))
-RETURNING e.*
+RETURNING e.*, (CASE WHEN e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_request_pause
 UPDATE veracity_executions SET
@@ -653,7 +703,8 @@ UPDATE veracity_executions SET
     updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
-RETURNING *
+RETURNING *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_external_running
 SELECT * FROM veracity_executions
@@ -698,7 +749,8 @@ UPDATE veracity_executions AS e SET
     history_seq = e.history_seq + 1
 FROM json_to_recordset(%(rows)s::json) AS r (id uuid, to_status text, error json)
 WHERE e.id = r.id AND e.status = ANY (%(from_states)s::text[])
-RETURNING e.id
+RETURNING e.id, (CASE WHEN e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_flag_many
 -- flags of one page of looks, rows [{id, reason, kind}]
@@ -742,7 +794,8 @@ UPDATE veracity_executions SET
     updated_at = coalesce(%(now)s::timestamptz, now()),
     history_seq = history_seq + 1
 WHERE id = %(id)s AND status = ANY (%(from_states)s::text[])
-RETURNING *
+RETURNING *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note
 
 -- name: execution_flag_note
 -- more about why an execution is on the flagged list (a late report that concerns it)
@@ -848,8 +901,11 @@ WHERE deployment_id = %(id)s AND status IN ('pending', 'running', 'blocked', 'pa
 LIMIT 1
 
 -- name: worker_live
--- workers with a fresh heartbeat that did not stop (as control.py's live_within)
-SELECT deployment_id, ffqns, upgrade_ffqns FROM veracity_workers
+-- the workers that may be live: not stopped, a heartbeat within live_within (the lease
+-- TTL); core.deployments.is_live decides, from the heartbeat interval, which are
+SELECT deployment_id, ffqns, upgrade_ffqns, stopped_at, last_heartbeat, heartbeat_interval,
+       coalesce(%(now)s::timestamptz, now()) AS db_now
+FROM veracity_workers
 WHERE stopped_at IS NULL
   AND last_heartbeat >= coalesce(%(now)s::timestamptz, now()) - %(live_within)s::interval
   AND (%(deployment_id)s::text IS NULL OR deployment_id = %(deployment_id)s::text)
@@ -944,3 +1000,61 @@ SELECT count(*) AS n FROM veracity_executions
 WHERE parent_id IS NULL
   AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
   AND updated_at < %(cutoff)s::timestamptz
+
+-- name: history_newest_of_kinds
+-- the newest event of each kind of each execution (what it waits for: core.waiting); one
+-- index probe backwards per execution and kind
+SELECT i.id AS execution_id, h.kind, h.data
+FROM unnest(%(ids)s::uuid[]) AS i(id)
+CROSS JOIN unnest(%(kinds)s::text[]) AS k(kind)
+CROSS JOIN LATERAL (
+    SELECT kind, data FROM veracity_history
+    WHERE execution_id = i.id AND kind = k.kind
+    ORDER BY seq DESC
+    LIMIT 1
+) h
+
+-- name: execution_unfinished_children
+-- the unfinished children of each execution by join set: how many, and the oldest few
+SELECT parent_id, join_set, id, n FROM (
+    SELECT parent_id, join_set, id, created_at,
+           row_number() OVER (PARTITION BY parent_id, join_set ORDER BY created_at, id) AS rn,
+           count(*) OVER (PARTITION BY parent_id, join_set) AS n
+    FROM veracity_executions
+    WHERE parent_id = ANY (%(ids)s::uuid[])
+      AND status IN ('pending', 'running', 'blocked', 'paused')
+) c
+WHERE rn <= %(shown)s
+ORDER BY parent_id, join_set, created_at, id
+
+-- name: execution_ended_among
+-- which of these executions have ended
+SELECT id FROM veracity_executions
+WHERE id = ANY (%(ids)s::uuid[])
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+
+-- ---------------------------------------------------------------------------------------
+-- The dashboard's reads (docs/dashboard.md)
+
+-- name: execution_counts_in
+SELECT status, count(*) AS n FROM veracity_executions
+WHERE status = ANY (%(statuses)s::text[])
+GROUP BY status
+
+-- name: execution_children_of
+SELECT * FROM veracity_executions
+WHERE parent_id = ANY (%(parent_ids)s::uuid[])
+ORDER BY parent_id, created_at, id
+LIMIT %(limit)s
+
+-- name: history_list_kinds
+SELECT * FROM veracity_history
+WHERE execution_id = %(id)s AND seq > %(after_seq)s AND kind = ANY (%(kinds)s::text[])
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: history_kind_counts
+SELECT kind, count(*) AS n FROM veracity_history
+WHERE execution_id = %(id)s
+GROUP BY kind
+ORDER BY kind

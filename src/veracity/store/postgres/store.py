@@ -24,6 +24,7 @@ from veracity.clock import Clock
 from veracity.core.states import Status
 from veracity.models import (
     JSON,
+    WAIT_EVENT_KINDS,
     ApiToken,
     Claim,
     DeploymentRecord,
@@ -36,6 +37,7 @@ from veracity.models import (
     NewExecution,
     Submitted,
     TransitionResult,
+    WaitRecord,
     WorkerInfo,
     WorkerRecord,
 )
@@ -66,6 +68,7 @@ MIGRATION_LOCK_KEY = 0x7665726163697479
 Row = Mapping[str, Any]
 log = logging.getLogger("veracity.store")
 NOTIFY_CHANNEL = "veracity_pending"
+ENDED_CHANNEL = "veracity_ended"
 INTERRUPT_CHANNEL = "veracity_interrupt"
 RETRIES = 3  # attempts after a lost connection
 
@@ -91,6 +94,7 @@ def row_to_worker(row: Row) -> WorkerRecord:
         last_heartbeat=cast(datetime, _utc(row["last_heartbeat"])),
         stopped_at=_utc(row["stopped_at"]),
         upgrade_ffqns=row["upgrade_ffqns"],
+        heartbeat_interval=row["heartbeat_interval"],
     )
 
 
@@ -500,6 +504,7 @@ class PostgresStore(SharedMethods):
                 "ffqns": Json(info.ffqns),
                 "upgrade_ffqns": Json(info.upgrade_ffqns),
                 "concurrency": info.concurrency,
+                "heartbeat_interval": info.heartbeat_interval,
                 "now": self._now(),
             },
         )
@@ -512,6 +517,17 @@ class PostgresStore(SharedMethods):
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
         rows = await self._fetchall("worker_list", {"limit": limit, "now": self._now()})
         return [row_to_worker(r) for r in rows]
+
+    async def execution_waits(self, ids: Sequence[uuid.UUID], *, shown_children: int = 5
+                              ) -> dict[uuid.UUID, WaitRecord]:
+        if not ids:
+            return {}
+        ids = list(dict.fromkeys(ids))
+        events = await self._fetchall("history_newest_of_kinds", {
+            "ids": ids, "kinds": list(WAIT_EVENT_KINDS)})
+        children = await self._fetchall("execution_unfinished_children", {
+            "ids": ids, "shown": shown_children})
+        return _ops.waits_from(ids, events, children)
 
     async def deployment_seen(self, deployment_id: str) -> DeploymentRecord:
         row = await self._fetchone("deployment_seen", {"id": deployment_id,
@@ -593,6 +609,38 @@ class PostgresStore(SharedMethods):
                     # closing ends the session, and with it every lock it held
                     log.warning("could not release the %s lock; closing its connection", name,
                                 extra={"domain": name})
+            await conn.close()
+
+    async def execution_ended_among(self, ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        if not ids:
+            return set()
+        rows = await self._fetchall("execution_ended_among", {"ids": list(ids)})
+        return {row["id"] for row in rows}
+
+    @asynccontextmanager
+    async def ended_signals(self, wake: Callable[[], None]
+                            ) -> AsyncIterator[Callable[[], bool]]:
+        conn = await psycopg.AsyncConnection.connect(
+            self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+
+        async def listen() -> None:
+            try:
+                async for _ in conn.notifies():
+                    wake()
+            finally:
+                wake()  # the caller checks now, and finds the signals lost
+
+        try:
+            await conn.execute(f"LISTEN {ENDED_CHANNEL}")
+            reader = asyncio.create_task(listen(), name="veracity-ended-listen")
+        except BaseException:
+            await conn.close()
+            raise
+        try:
+            yield lambda: not reader.done()
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
             await conn.close()
 
     async def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:

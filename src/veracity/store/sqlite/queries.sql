@@ -33,6 +33,43 @@ RETURNING *
 INSERT INTO veracity_history (execution_id, seq, kind, at, data)
 VALUES (:execution_id, :seq, :kind, :at, :data)
 
+-- name: execution_submit_many
+-- rows [{id, ffqn, params, paused, deployment_id, idempotency_key, request_digest,
+-- scheduled_at}]: a batch of submissions (history_of_submitted writes their events);
+-- a key that exists is skipped
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, paused_from, attempt, deployment_id, idempotency_key,
+    request_digest, scheduled_at, created_at, updated_at, history_seq)
+SELECT json_extract(value, '$.id'), json_extract(value, '$.ffqn'),
+       json_extract(value, '$.params'),
+       CASE WHEN json_extract(value, '$.paused') THEN 'paused' ELSE 'pending' END,
+       CASE WHEN json_extract(value, '$.paused') THEN 'pending' END,
+       1, json_extract(value, '$.deployment_id'), json_extract(value, '$.idempotency_key'),
+       json_extract(value, '$.request_digest'),
+       coalesce(json_extract(value, '$.scheduled_at'), :now), :now, :now, 1
+FROM json_each(:rows) WHERE true
+ON CONFLICT DO NOTHING
+RETURNING *
+
+-- name: history_of_submitted
+-- the first events of executions a batch inserted, with the data execution_submit gives
+-- its one (scheduled_at as Python's isoformat writes a UTC time: microseconds only when
+-- there are any)
+INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+SELECT id, 1, status, created_at, json_object(
+    'ffqn', ffqn, 'params', json(params), 'deployment_id', deployment_id,
+    'scheduled_at', strftime('%Y-%m-%dT%H:%M:%S', scheduled_at / 1000000, 'unixepoch')
+        || CASE WHEN scheduled_at % 1000000 = 0 THEN ''
+                ELSE printf('.%06d', scheduled_at % 1000000) END || '+00:00',
+    'parent_id', parent_id, 'join_set', join_set, 'idempotency_key', idempotency_key)
+FROM veracity_executions
+WHERE id IN (SELECT value FROM json_each(:ids))
+
+-- name: execution_by_keys_or_ids
+SELECT * FROM veracity_executions
+WHERE idempotency_key IN (SELECT value FROM json_each(:keys))
+   OR id IN (SELECT value FROM json_each(:ids))
+
 -- name: execution_by_key_or_id
 SELECT * FROM veracity_executions
 WHERE idempotency_key = :idempotency_key OR id = :id
@@ -175,13 +212,14 @@ RETURNING *
 
 -- name: worker_register
 INSERT INTO veracity_workers (
-    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, started_at,
-    last_heartbeat)
-VALUES (:id, :host, :pid, :deployment_id, :ffqns, :upgrade_ffqns, :concurrency, :now, :now)
+    id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, heartbeat_interval,
+    started_at, last_heartbeat)
+VALUES (:id, :host, :pid, :deployment_id, :ffqns, :upgrade_ffqns, :concurrency,
+        :heartbeat_interval, :now, :now)
 ON CONFLICT (id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, deployment_id = excluded.deployment_id,
     ffqns = excluded.ffqns, upgrade_ffqns = excluded.upgrade_ffqns,
-    concurrency = excluded.concurrency,
+    concurrency = excluded.concurrency, heartbeat_interval = excluded.heartbeat_interval,
     last_heartbeat = excluded.last_heartbeat, stopped_at = NULL
 RETURNING *
 
@@ -244,13 +282,17 @@ VALUES (
     :history_seq)
 RETURNING *
 
--- name: execution_insert_child
+-- name: execution_insert_children
+-- rows [{id, ffqn, params, deployment_id, parent_id, join_set, scheduled_at}]: each one whose
+-- id is new, pending (scheduled now unless given), in one statement; those created returned
 INSERT INTO veracity_executions (
     id, ffqn, params, status, attempt, deployment_id, parent_id, join_set,
     scheduled_at, created_at, updated_at, history_seq)
-VALUES (
-    :id, :ffqn, :params, 'pending', 1, :deployment_id, :parent_id, :join_set,
-    coalesce(:scheduled_at, :now), :now, :now, 1)
+SELECT json_extract(value, '$.id'), json_extract(value, '$.ffqn'),
+       json_extract(value, '$.params'), 'pending', 1, json_extract(value, '$.deployment_id'),
+       json_extract(value, '$.parent_id'), json_extract(value, '$.join_set'),
+       coalesce(json_extract(value, '$.scheduled_at'), :now), :now, :now, 1
+FROM json_each(:rows) WHERE true
 ON CONFLICT (id) DO NOTHING
 RETURNING *
 
@@ -628,7 +670,10 @@ WHERE deployment_id = :id AND status IN ('pending', 'running', 'blocked', 'pause
 LIMIT 1
 
 -- name: worker_live
-SELECT deployment_id, ffqns, upgrade_ffqns FROM veracity_workers
+-- the workers that may be live (core.deployments.is_live decides which are)
+SELECT deployment_id, ffqns, upgrade_ffqns, stopped_at, last_heartbeat, heartbeat_interval,
+       :now AS db_now
+FROM veracity_workers
 WHERE stopped_at IS NULL
   AND last_heartbeat >= :now - :live_within
   AND (:deployment_id IS NULL OR deployment_id = :deployment_id)
@@ -751,3 +796,59 @@ SELECT count(*) AS n FROM veracity_executions
 WHERE parent_id IS NULL
   AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
   AND updated_at < :cutoff
+
+-- name: history_newest_of_kinds
+-- the newest event of each kind of each execution (what it waits for: core.waiting)
+SELECT h.execution_id, h.kind, h.data
+FROM (SELECT i.value AS id, k.value AS kind,
+             (SELECT x.seq FROM veracity_history x
+              WHERE x.execution_id = i.value AND x.kind = k.value
+              ORDER BY x.seq DESC LIMIT 1) AS seq
+      FROM json_each(:ids) i, json_each(:kinds) k) m
+JOIN veracity_history h ON h.execution_id = m.id AND h.seq = m.seq
+
+-- name: execution_unfinished_children
+-- the unfinished children of each execution by join set: how many, and the oldest few
+SELECT parent_id, join_set, id, n FROM (
+    SELECT parent_id, join_set, id, created_at,
+           row_number() OVER (PARTITION BY parent_id, join_set ORDER BY created_at, id) AS rn,
+           count(*) OVER (PARTITION BY parent_id, join_set) AS n
+    FROM veracity_executions
+    WHERE parent_id IN (SELECT value FROM json_each(:ids))
+      AND status IN ('pending', 'running', 'blocked', 'paused')
+) c
+WHERE rn <= :shown
+ORDER BY parent_id, join_set, created_at, id
+
+-- name: execution_ended_among
+-- which of these executions have ended
+SELECT id FROM veracity_executions
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+
+-- ---------------------------------------------------------------------------------------
+-- The dashboard's reads (docs/dashboard.md)
+
+-- name: execution_counts_in
+SELECT status, count(*) AS n FROM veracity_executions
+WHERE status IN (SELECT value FROM json_each(:statuses))
+GROUP BY status
+
+-- name: execution_children_of
+SELECT * FROM veracity_executions
+WHERE parent_id IN (SELECT value FROM json_each(:parent_ids))
+ORDER BY parent_id, created_at, id
+LIMIT :limit
+
+-- name: history_list_kinds
+SELECT * FROM veracity_history
+WHERE execution_id = :id AND seq > :after_seq
+  AND kind IN (SELECT value FROM json_each(:kinds))
+ORDER BY seq
+LIMIT :limit
+
+-- name: history_kind_counts
+SELECT kind, count(*) AS n FROM veracity_history
+WHERE execution_id = :id
+GROUP BY kind
+ORDER BY kind

@@ -31,6 +31,7 @@ from veracity.core.states import Status
 from veracity.errors import ConfigError
 from veracity.models import (
     JSON,
+    WAIT_EVENT_KINDS,
     ApiToken,
     Claim,
     DeploymentRecord,
@@ -43,6 +44,7 @@ from veracity.models import (
     NewExecution,
     Submitted,
     TransitionResult,
+    WaitRecord,
     WorkerInfo,
     WorkerRecord,
 )
@@ -148,6 +150,7 @@ def row_to_worker(row: sqlite3.Row) -> WorkerRecord:
         last_heartbeat=from_us(row["last_heartbeat"]),
         stopped_at=from_us(row["stopped_at"]) if row["stopped_at"] is not None else None,
         upgrade_ffqns=json.loads(row["upgrade_ffqns"]),
+        heartbeat_interval=row["heartbeat_interval"],
     )
 
 
@@ -198,12 +201,18 @@ def _require_database(path: Path) -> None:
     if found is None:
         raise ConfigError(f"{path} holds no Veracity database; {hint}")
 
+_COMMIT_HOOKS: dict[Path, set[Callable[[], None]]] = {}
+"""By database file: what to call after each commit of a store of this process on it
+(``SqliteStore.ended_signals``)."""
+
+
 class SqliteStore(SharedMethods):
     backend = "sqlite"
     supports_notifications = False
 
     def __init__(self, path: Path, clock: Clock) -> None:
         self._path = path
+        self._resolved = path.resolve()
         self._clock = clock
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="veracity-sqlite")
         self._conn: sqlite3.Connection | None = None
@@ -268,6 +277,10 @@ class SqliteStore(SharedMethods):
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        hooks = _COMMIT_HOOKS.get(self._resolved)
+        if hooks:
+            for hook in list(hooks):
+                hook()
         return out
 
     def _now_us(self, conn: sqlite3.Connection) -> int:
@@ -553,7 +566,8 @@ class SqliteStore(SharedMethods):
                 {"id": info.id, "host": info.host, "pid": info.pid,
                  "deployment_id": info.deployment_id, "ffqns": _dumps(info.ffqns),
                  "upgrade_ffqns": _dumps(info.upgrade_ffqns),
-                 "concurrency": info.concurrency, "now": now},
+                 "concurrency": info.concurrency,
+                 "heartbeat_interval": info.heartbeat_interval, "now": now},
             ).fetchone()
             return row_to_worker(row)
 
@@ -568,6 +582,23 @@ class SqliteStore(SharedMethods):
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
         rows = await self._run(self._all, "worker_list", {"limit": limit})
         return [row_to_worker(r) for r in rows]
+
+    async def execution_waits(self, ids: Sequence[uuid.UUID], *, shown_children: int = 5
+                              ) -> dict[uuid.UUID, WaitRecord]:
+        if not ids:
+            return {}
+        ids = list(dict.fromkeys(ids))
+        params = {"ids": _dumps([str(i) for i in ids]), "kinds": _dumps(WAIT_EVENT_KINDS),
+                  "shown": shown_children}
+
+        def work() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            conn = self._c()
+            return ([_normalise(r) for r in conn.execute(Q["history_newest_of_kinds"], params)],
+                    [_normalise(r) for r in conn.execute(Q["execution_unfinished_children"],
+                                                         params)])
+
+        events, children = await self._run(work)
+        return _ops.waits_from(ids, events, children)
 
     async def deployment_seen(self, deployment_id: str) -> DeploymentRecord:
         def work(conn: sqlite3.Connection, now: int) -> DeploymentRecord:
@@ -675,6 +706,34 @@ class SqliteStore(SharedMethods):
 
         return await self._run(self._write, work)
 
+    async def execution_ended_among(self, ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        if not ids:
+            return set()
+        rows = await self._run(self._all, "execution_ended_among",
+                               {"ids": _dumps([str(i) for i in ids])})
+        return {uuid.UUID(row["id"]) for row in rows}
+
+    @asynccontextmanager
+    async def ended_signals(self, wake: Callable[[], None]
+                            ) -> AsyncIterator[Callable[[], bool]]:
+        # SQLite has no notifications: every commit of this process's stores on the file
+        # wakes the caller, which checks (writers of other processes are not seen)
+        loop = asyncio.get_running_loop()
+
+        def committed() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(wake)
+
+        key = self._path.resolve()
+        _COMMIT_HOOKS.setdefault(key, set()).add(committed)
+        try:
+            yield lambda: True
+        finally:
+            hooks = _COMMIT_HOOKS.get(key, set())
+            hooks.discard(committed)
+            if not hooks:
+                _COMMIT_HOOKS.pop(key, None)
+
     async def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
         raise NotImplementedError("SQLite has no notifications; workers learn at heartbeat")
         yield uuid.UUID(int=0)  # pragma: no cover - makes this an async generator
@@ -691,7 +750,7 @@ TIME_COLUMNS = frozenset({
     "cancel_requested_at", "pause_requested_at", "at", "consumed_at", "started_at",
     "last_heartbeat", "stopped_at", "triggered_at", "flagged_at", "end_requested_at",
     "first_seen_at", "last_slot_at", "slot_at", "fired_at",
-    "first_seen", "last_seen",
+    "first_seen", "last_seen", "db_now",
 })
 JSON_COLUMNS = frozenset({"params", "result", "error", "data", "payload", "ffqns",
                           "upgrade_ffqns", "end_request"})

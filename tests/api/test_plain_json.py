@@ -1,0 +1,42 @@
+"""A batch answers its executions through ``ExecutionOut.plain`` and
+``pydantic_core.to_json`` (no model per item): the JSON must be exactly the model's."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pydantic_core import to_json
+
+from veracity.api.schemas import ExecutionOut
+from veracity.core.states import Status
+from veracity.models import Execution
+
+AT = datetime(2026, 12, 1, 18, 5, 7, 123456, tzinfo=UTC)
+BASE = Execution(
+    id=uuid.uuid4(), ffqn="shop:orders/process.run", params=["o", 1, 2.5, 2**70, None],
+    status=Status.PENDING, result=None, error=None, attempt=1, deployment_id="d",
+    parent_id=None, idempotency_key=None, scheduled_at=AT, created_at=AT, updated_at=AT,
+    lease_owner=None, lease_epoch=0, lease_expires_at=None, history_seq=1)
+
+
+@pytest.mark.parametrize("execution", [
+    BASE,
+    dataclasses.replace(BASE, created_at=AT.replace(microsecond=0), status=Status.RUNNING,
+                        lease_owner="w", lease_epoch=3, lease_expires_at=AT + timedelta(1)),
+    dataclasses.replace(BASE, status=Status.COMPLETED, result={"z": [1, {"a": "ü 🎉"}]},
+                        parent_id=uuid.uuid4(), idempotency_key="k", retry_of=uuid.uuid4()),
+    dataclasses.replace(BASE, status=Status.FAILED, error="boom", engine="n8n",
+                        external_execution_id="x", flagged_at=AT, flag_reason="r",
+                        flag_kind="forced", end_request={"action": "cancel"},
+                        end_requested_at=AT, wake_at=AT, cancel_requested_at=AT,
+                        pause_requested_at=AT, triggered_at=AT),
+], ids=["pending", "running", "completed", "failed-delegated"])
+def test_plain_json_is_the_models_json(execution: Execution) -> None:
+    model = ExecutionOut.of(execution).model_dump_json()
+    plain = to_json(ExecutionOut.plain(execution)).decode()
+    assert json.loads(plain) == json.loads(model)
+    assert plain == model  # the same text, key order included

@@ -1,0 +1,161 @@
+"""``veracity submit --from-file``, ``submit --wait``, ``get --follow`` and the check of
+params at submit, as real processes on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from tests._helpers import store_fixture
+from tests.cli.test_cli import MAIL, ORDERS, VERACITY, base_env, ok, ok_json, run
+from veracity.models import Claim, ExecutionFilter
+from veracity.store import Store
+
+TTL = timedelta(seconds=60)
+store = store_fixture()
+
+
+async def _count(store: Store) -> int:
+    return len(await store.execution_list(ExecutionFilter(), limit=10_000))
+
+
+def _write(path: Path, lines: list[object]) -> Path:
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines)
+                    + "\n", encoding="utf-8")
+    return path
+
+
+async def test_submit_from_file_in_order_with_idempotency_keys(
+    database_url: str, tmp_path: Path, store: Store
+) -> None:
+    env = base_env(database_url)
+    jobs = _write(tmp_path / "jobs.jsonl", [
+        {"ffqn": ORDERS, "params": ["o-1", 5], "idempotency_key": "a"},
+        "",
+        {"ffqn": MAIL, "params": ["x@example.com", "hi"]},
+        {"ffqn": ORDERS, "params": ["o-1", 5], "idempotency_key": "a"},
+    ])
+    body = ok_json(run(["submit", "--from-file", str(jobs), "--json"], env, tmp_path))
+    assert body["created"] == [True, True, False]
+    ids = [e["id"] for e in body["items"]]
+    assert ids[0] == ids[2]
+    assert [e["ffqn"] for e in body["items"]] == [ORDERS, MAIL, ORDERS]
+    out = ok(run(["submit", "--from-file", str(jobs)], env, tmp_path))
+    lines = out.splitlines()
+    assert lines[0] == lines[2] == f"{ids[0]}  already submitted"
+    assert lines[1].endswith("  submitted") and not lines[1].startswith(ids[1])
+    assert lines[3] == "1 submitted, 2 already submitted (same idempotency key)"
+    assert await _count(store) == 3  # the second run's line 3 had no key: a new one
+
+
+async def test_submit_from_file_refuses_a_file_with_bad_lines_whole(
+    database_url: str, tmp_path: Path, store: Store
+) -> None:
+    env = base_env(database_url)
+    jobs = _write(tmp_path / "bad.jsonl", [
+        {"ffqn": ORDERS, "params": ["o-1", 5]},
+        {"ffqn": ORDERS, "params": []},
+        "{not json",
+        {"ffqn": "shop:nothing/here.run"},
+        {"ffqn": ORDERS, "params": ["o-2"]},
+    ])
+    result = run(["submit", "--from-file", str(jobs)], env, tmp_path)
+    assert result.returncode == 1, result
+    assert result.stderr.startswith("error: 3 bad line(s)"), result.stderr
+    assert "nothing was submitted" in result.stderr
+    assert f"{jobs}:2: params do not fit workflow {ORDERS}" in result.stderr
+    assert f"{jobs}:3: " in result.stderr and f"{jobs}:4: unknown workflow" in result.stderr
+    assert f"{jobs}:5" not in result.stderr and f"{jobs}:1" not in result.stderr
+    assert await _count(store) == 0
+    missing = run(["submit", "--from-file", str(tmp_path / "none.jsonl")], env, tmp_path)
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+    both = run(["submit", ORDERS, "--from-file", str(jobs)], env, tmp_path)
+    assert both.returncode == 2 and "--from-file" in both.stderr
+    assert await _count(store) == 0
+
+
+async def test_submit_refuses_params_that_do_not_fit(
+    database_url: str, tmp_path: Path, store: Store
+) -> None:
+    result = run(["submit", MAIL, '"only-to"'], base_env(database_url), tmp_path)
+    assert result.returncode == 1
+    assert "missing subject" in result.stderr and result.stderr.startswith("error: params")
+    assert await _count(store) == 0
+
+
+async def _end_when_submitted(store: Store, ffqn: str, *, fail: bool = False) -> uuid.UUID:
+    """Claim the execution of ``ffqn`` once it exists, then complete (or fail) it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        claimed = await store.execution_claim("w", [ffqn], limit=1, lease_ttl=TTL)
+        if claimed:
+            claim = Claim(claimed[0].id, "w", claimed[0].lease_epoch)
+            await asyncio.sleep(0.5)  # the command waits by now
+            if fail:
+                assert (await store.execution_fail_if_owned(claim, {"why": "no"})).applied
+            else:
+                assert (await store.execution_complete_if_owned(
+                    claim, {"sent": True})).applied
+            return claim.execution_id
+        await asyncio.sleep(0.05)
+    raise AssertionError("the command submitted nothing")
+
+
+async def test_submit_wait_prints_the_result_once_it_ends(
+    database_url: str, tmp_path: Path, store: Store
+) -> None:
+    proc = subprocess.Popen([VERACITY, "submit", MAIL, '"to@example.com"', '"hi"', "--wait"],
+                            env=base_env(database_url), cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        ident = await _end_when_submitted(store, MAIL)
+        out, err = await asyncio.to_thread(proc.communicate, timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, (out, err)
+    assert f"submitted: {ident}; waiting for it to end" in err
+    assert "status           completed" in out and '{"sent": true}' in out
+
+
+async def test_get_follow_waits_and_exits_1_for_a_failure(
+    database_url: str, tmp_path: Path, store: Store
+) -> None:
+    env = base_env(database_url)
+    submitted = ok_json(run(["submit", ORDERS, '"o-9"', "--json"], env, tmp_path))
+    proc = subprocess.Popen([VERACITY, "get", submitted["id"], "--follow", "--json"],
+                            env=env, cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        await _end_when_submitted(store, ORDERS, fail=True)
+        out, err = await asyncio.to_thread(proc.communicate, timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, (out, err)
+    assert json.loads(out)["status"] == "failed"
+    assert err.startswith(f"error: execution {submitted['id']} ended failed")
+    # an ended one answers at once
+    again = run(["get", submitted["id"], "--follow"], env, tmp_path)
+    assert again.returncode == 1 and "status           failed" in again.stdout
+
+
+async def test_submit_from_file_of_more_than_a_thousand_lines(
+    database_url: str, tmp_path: Path, store: Store
+) -> None:
+    """1,000 lines per transaction: a key of the first thousand repeated in the third is
+    answered its execution, in order."""
+    lines: list[object] = [{"ffqn": ORDERS, "params": [f"o-{i}", i], "idempotency_key": f"k{i}"}
+                           for i in range(2100)]
+    lines[2050] = {"ffqn": ORDERS, "params": ["o-5", 5], "idempotency_key": "k5"}
+    jobs = _write(tmp_path / "many.jsonl", lines)
+    body = ok_json(run(["submit", "--from-file", str(jobs), "--json"],
+                       base_env(database_url), tmp_path))
+    assert len(body["items"]) == 2100
+    assert body["created"].count(False) == 1 and body["created"][2050] is False
+    assert body["items"][2050]["id"] == body["items"][5]["id"]
+    assert [e["params"][1] for e in body["items"][:3]] == [0, 1, 2]
+    assert await _count(store) == 2099

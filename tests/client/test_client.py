@@ -1,0 +1,220 @@
+"""``veracity.Client`` and ``veracity.AsyncClient`` against a live ``veracity server`` (a
+real process on loopback, with its in-process worker) on both backends: every method,
+typed errors carrying the API's code, waits that end and waits that time out, batches
+with repeated idempotency keys inside one batch and across batches, a batch with bad
+items refused whole; and a client pointed at a server that is down or does not answer."""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from tests.test_server import Server, free_port, server_env, server_process
+from tests.worker._procs import REPO_ROOT
+from veracity import (
+    ApiError,
+    AsyncClient,
+    Client,
+    ExecutionFailed,
+    ServerUnreachable,
+    Submission,
+    WaitTimeout,
+)
+from veracity.client import ConflictError, InvalidRequest, NotFoundError, Unauthorized
+
+APP = "tests.client.client_app:app"
+ECHO, FAIL, HOLD = "t:client/echo.run", "t:client/fail.run", "t:client/hold.run-cancellable"
+
+
+@pytest.fixture
+def live(database_url: str, tmp_path: Path) -> Iterator[Server]:
+    port = free_port()
+    env = server_env(database_url, port, VERACITY_APP=APP, PYTHONPATH=str(REPO_ROOT),
+                     VERACITY_POLL_INTERVAL="0.1s")
+    with server_process(tmp_path, env, port, ["--worker"]) as server:
+        server.wait_healthy()
+        yield server
+
+
+def test_every_method_of_the_client(live: Server) -> None:
+    with Client(live.url, timeout=5) as client:
+        # submit, result, wait, get
+        echoed = client.submit(ECHO, "hi", "!")
+        assert echoed.status in ("pending", "running", "completed")
+        assert client.result(echoed.id, timeout=20) == "hi!"
+        ended = client.wait(echoed.id, timeout=5)
+        assert ended.status == "completed" and ended.terminal and ended.result == "hi!"
+        assert client.get(echoed.id) == ended
+        # a failure: result raises with the execution's error
+        failing = client.submit(FAIL, "boom")
+        with pytest.raises(ExecutionFailed) as failed:
+            client.result(failing.id, timeout=20)
+        assert failed.value.execution.status == "failed"
+        assert "boom" in str(failed.value.execution.error)
+        retried = client.retry(failing.id)
+        assert retried.retry_of == failing.id
+        # a wait that times out answers with the current state
+        held = client.submit(HOLD)
+        started = time.monotonic()
+        with pytest.raises(WaitTimeout) as timed_out:
+            client.wait(held.id, timeout=0.5)
+        assert 0.45 <= time.monotonic() - started < 5
+        assert timed_out.value.execution.status in ("pending", "running", "blocked")
+        # pause and unpause, once it waits for its message; send; its result
+        deadline = time.monotonic() + 20
+        while client.get(held.id).status != "blocked" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.pause(held.id).status == "paused"
+        assert client.unpause(held.id).status == "blocked"
+        message = client.send(held.id, "go", {"ok": 1})
+        assert message["topic"] == "go" and message["execution_id"] == held.id
+        assert client.result(held.id, timeout=20) == {"ok": 1}
+        # cancel
+        other = client.submit(HOLD)
+        assert client.cancel(other.id).status in ("cancelled", "running", "blocked")
+        assert client.wait(other.id, timeout=20).status == "cancelled"
+        # list: every page; history
+        listed = list(client.list(page_size=2))
+        assert {e.id for e in listed} >= {echoed.id, failing.id, held.id, other.id,
+                                           retried.id}
+        assert len(listed) == len({e.id for e in listed})  # no page repeated
+        assert [e.id for e in client.list(status="completed", page_size=1)] == [
+            held.id, echoed.id]
+        kinds = [h.kind for h in client.history(echoed.id)]
+        assert kinds[0] == "pending" and kinds[-1] == "completed"
+
+
+def test_batches_and_typed_errors(live: Server) -> None:
+    with Client(live.url, timeout=5) as client:
+        first = client.submit_many([
+            Submission(ECHO, [1], idempotency_key="a"),
+            Submission(ECHO, [2]),
+            {"ffqn": ECHO, "params": [1], "idempotency_key": "a"},
+        ])
+        assert [e.params for e in first] == [[1], [2], [1]]
+        assert first[0].id == first[2].id != first[1].id
+        again = client.submit_many([Submission(ECHO, [1], idempotency_key="a"),
+                                    Submission(ECHO, [3], idempotency_key="b")])
+        assert again[0].id == first[0].id and again[1].params == [3]
+        assert [client.result(e.id, timeout=20) for e in first] == [1, 2, 1]
+        before = len(list(client.list()))
+        with pytest.raises(InvalidRequest) as bad:
+            client.submit_many([Submission(ECHO, [4]), Submission("t:client/none.run"),
+                                Submission(ECHO, [])])
+        assert bad.value.status == 422 and bad.value.code == "invalid_batch"
+        assert [(i["index"], i["code"]) for i in bad.value.details["items"]] == [
+            (1, "unknown_workflow"), (2, "invalid_params")]
+        with pytest.raises(ConflictError) as conflict:
+            client.submit_many([Submission(ECHO, ["other"], idempotency_key="a")])
+        assert conflict.value.code == "idempotency_conflict"
+        assert len(list(client.list())) == before  # nothing of either was written
+        # typed errors, each with the API's code
+        with pytest.raises(NotFoundError) as missing:
+            client.get(str(uuid.uuid4()))
+        assert missing.value.code == "not_found" and missing.value.status == 404
+        with pytest.raises(InvalidRequest) as wrong:
+            client.submit(ECHO)
+        assert wrong.value.code == "invalid_params" and "missing value" in wrong.value.message
+        with pytest.raises(ConflictError) as state:
+            client.pause(first[1].id)
+        assert state.value.code == "wrong_state"
+        with pytest.raises(InvalidRequest) as bad_id:
+            client.get("not-an-id")
+        assert bad_id.value.code == "invalid_id"
+        assert isinstance(bad_id.value, ApiError)
+    # a token is checked when given, from the constructor or VERACITY_TOKEN
+    with Client(live.url, token="vrc_not_a_real_token") as client, \
+            pytest.raises(Unauthorized) as refused:
+        client.get(str(uuid.uuid4()))
+    assert refused.value.code == "unauthorized"
+
+
+async def test_the_async_client(live: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERACITY_URL", live.url)
+    async with AsyncClient(timeout=5) as client:
+        echoed = await client.submit(ECHO, "x")
+        assert await client.result(echoed.id, timeout=20) == "x"
+        batch = await client.submit_many([Submission(ECHO, [i % 2], idempotency_key=f"k{i % 2}")
+                                           for i in range(4)])
+        assert batch[0].id == batch[2].id and batch[1].id == batch[3].id
+        held = await client.submit(HOLD)
+        with pytest.raises(WaitTimeout):
+            await client.wait(held.id, timeout=0.3)
+        await client.send(held.id, "go", "now")
+        assert (await client.wait(held.id, timeout=20)).result == "now"
+        ids = [e.id async for e in client.list(page_size=1)]
+        assert set(ids) == {echoed.id, batch[0].id, batch[1].id, held.id}
+        assert [h.kind for h in await client.history(held.id)][-1] == "completed"
+        with pytest.raises(NotFoundError):
+            await client.cancel(str(uuid.uuid4()))
+    monkeypatch.setenv("VERACITY_TOKEN", "vrc_not_a_real_token")
+    async with AsyncClient() as client:
+        with pytest.raises(Unauthorized):
+            await client.get(echoed.id)
+
+
+# -- a server that is down ----------------------------------------------------------------------
+
+
+def test_a_server_that_is_down_is_a_clear_exception_at_once() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with Client(url, timeout=2) as client:
+        started = time.monotonic()
+        with pytest.raises(ServerUnreachable, match=r"GET http://127\.0\.0\.1:\d+/v1/exec"):
+            client.get(str(uuid.uuid4()))
+        with pytest.raises(ServerUnreachable):
+            client.result(str(uuid.uuid4()), timeout=30)
+        with pytest.raises(ServerUnreachable):
+            client.submit_many([Submission(ECHO, [1])])
+        assert time.monotonic() - started < 2  # refused: no waiting at all
+
+
+def test_a_server_that_never_answers_is_given_up_after_the_timeout() -> None:
+    with socket.socket() as listening:  # accepts connections, never answers
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(16)
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        with Client(url, timeout=0.5) as client:
+            started = time.monotonic()
+            with pytest.raises(ServerUnreachable):
+                client.submit(ECHO, 1)
+            assert time.monotonic() - started < 3
+            started = time.monotonic()
+            with pytest.raises(ServerUnreachable):  # a long poll: its wait plus the timeout
+                client.wait(str(uuid.uuid4()), timeout=1)
+            assert time.monotonic() - started < 4
+
+
+def test_a_stopping_server_answers_its_long_polls_at_once(live: Server) -> None:
+    """SIGTERM: a long poll under way is answered with the execution's state then, and the
+    server stops without waiting for the poll's end."""
+    import signal
+    import threading
+
+    with Client(live.url, timeout=5) as client:
+        later = client.submit(ECHO, "x", scheduled_at=datetime(2099, 1, 1, tzinfo=UTC))
+        answers: list[object] = []
+
+        def poll() -> None:
+            try:
+                answers.append(client.wait(later.id, timeout=50))
+            except Exception as exc:  # the WaitTimeout or an unreachable server
+                answers.append(exc)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(0.5)  # the poll is under way
+        started = time.monotonic()
+        live.proc.send_signal(signal.SIGTERM)
+        assert live.proc.wait(timeout=20) == 0, live.stderr()
+        poller.join(timeout=20)
+        assert time.monotonic() - started < 15
+        assert not poller.is_alive()
+        # answered "pending" first; the client's next poll then found no server
+        assert len(answers) == 1 and isinstance(answers[0], ServerUnreachable | WaitTimeout)
