@@ -12,6 +12,7 @@ from bench import (
     dashboard,
     engine,
     generations,
+    growth,
     reconciler,
     startup,
     submit,
@@ -36,6 +37,7 @@ def main() -> None:
     waiting.main([])
     dashboard.main([])
     generations.main([])
+    growth.main([])
 
 
 if __name__ == "__main__":

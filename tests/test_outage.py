@@ -37,6 +37,7 @@ def requests_for_every_route(eid: str) -> list[tuple[str, str, dict[str, Any] | 
     return [
         ("GET", "/v1/executions", None),
         ("POST", "/v1/executions", {"ffqn": ECHO, "params": [1]}),
+        ("POST", "/v1/executions/batch", {"items": [{"ffqn": ECHO, "params": [2]}]}),
         ("GET", base, None),
         ("GET", f"{base}/history", None),
         ("PUT", f"{base}/cancel", None),

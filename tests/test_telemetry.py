@@ -307,11 +307,12 @@ async def test_the_docs_list_every_metric_a_server_serves(rig: Rig,
     from veracity.maintenance.cron import CronMetrics
     from veracity.maintenance.reconciler import ReconcilerMetrics
     from veracity.maintenance.recovery import RecoveryMetrics
+    from veracity.maintenance.retention import RetentionMetrics
 
     # the server registers all of these in one registry (veracity.server)
     registry = rig.telemetry.registry
     ServiceMetrics(registry), RecoveryMetrics(registry), ReconcilerMetrics(registry)
-    CronMetrics(registry)
+    CronMetrics(registry), RetentionMetrics(registry)
     assert isinstance(registry, CollectorRegistry)
     answer = await client.get("/metrics")
     assert served_families(answer.text) == documented_metrics()

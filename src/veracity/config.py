@@ -4,7 +4,8 @@
 validation failure into a one-line ``ConfigError`` naming where the bad value came from:
 ``veracity.toml:3: worker.concurrency: ...``, ``VERACITY_PORT: ...`` or ``--port: ...``.
 A key this version does not implement is never ignored: a misspelled one is an ``unknown
-key``, one that names a feature Veracity does not have yet (``retention``) is ``not
+key``, one that names a feature Veracity does not have yet (listed in ``NOT_SUPPORTED``; none
+today) is ``not
 supported by this version of Veracity``, and ``tokens`` and ``secrets`` are refused saying
 where they live instead (API tokens: the database, ``veracity token create``; secret values:
 the environment or a secrets file).
@@ -43,6 +44,7 @@ __all__ = [
     "AuthSettings",
     "ReconcilerSettings",
     "RecoverySettings",
+    "RetentionSettings",
     "ServerSettings",
     "Settings",
     "WorkerSettings",
@@ -83,10 +85,13 @@ ENV_VARS: dict[str, str] = {
     "public_url": "VERACITY_PUBLIC_URL",
     "secrets_file": "VERACITY_SECRETS_FILE",
     "auth.required": "VERACITY_AUTH_REQUIRED",
+    "retention.terminal": "VERACITY_RETENTION_TERMINAL",
+    "retention.interval": "VERACITY_RETENTION_INTERVAL",
 }
 
 # Top-level keys of features this version does not have: refused at start, never ignored.
-NOT_SUPPORTED: frozenset[str] = frozenset({"retention"})
+# (none today: retention, the last one, is here now)
+NOT_SUPPORTED: frozenset[str] = frozenset()
 _NOT_SUPPORTED_REASON = "not supported by this version of Veracity"
 # Top-level keys for what lives elsewhere: refused, saying where.
 ELSEWHERE: dict[str, str] = {
@@ -122,8 +127,9 @@ def parse_duration(value: str | int | float) -> float:
         text = re.sub(r"\s+", "", value).lower()
         if _NUMBER.fullmatch(text):
             seconds = float(text)
-        elif _DURATION.fullmatch(text):
+        elif _DURATION.fullmatch(text.removeprefix("-").removeprefix("+")):
             seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(text))
+            seconds = -seconds if text.startswith("-") else seconds
         else:
             raise ValueError(f"invalid duration {value!r}: {_DURATION_HINT}")
     else:
@@ -225,6 +231,19 @@ class ReconcilerSettings(_Model):
     stop_flag_after: Duration = Field(default=600.0, ge=1, le=30 * 86400)
 
 
+class RetentionSettings(_Model):
+    """Retention: ended executions deleted with their history (docs/operations.md)."""
+
+    # terminal executions that ended this long ago are deleted; 0 keeps everything
+    terminal: Duration = Field(default=30 * 86400.0, ge=0)
+    # how often every server runs retention (one of them at a time)
+    interval: Duration = Field(default=600.0, ge=1, le=86400)
+
+    @property
+    def enabled(self) -> bool:
+        return self.terminal > 0
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
     name = host.strip().lower().rstrip(".")
@@ -261,6 +280,7 @@ class Settings(_Model):
     server: ServerSettings = Field(default_factory=ServerSettings)
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     public_url: str | None = None
     auth: AuthSettings = Field(default_factory=AuthSettings)
     # File-only tables, validated entry by entry at start (veracity.adapters.config.parse_external,
@@ -307,6 +327,7 @@ _DEFAULT_TEXT = {
     "public_url": "http://<host>:<port>",
     "secrets_file": "none",
     "auth.required": "true, unless host is a loopback address",
+    "retention.terminal": "30d",
 }
 _DURATION_KEYS = {
     "worker.lease_ttl",
@@ -317,6 +338,7 @@ _DURATION_KEYS = {
     "reconciler.interval",
     "reconciler.engine_timeout",
     "reconciler.stop_flag_after",
+    "retention.interval",
 }
 
 

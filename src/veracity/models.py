@@ -286,6 +286,22 @@ class Recovered:
 
 
 @dataclass(frozen=True, slots=True)
+class PruneBatch:
+    """What one retention batch read, deleted (or, in a dry run, would delete) and kept
+    (docs/operations.md, Retention)."""
+
+    roots: int
+    """top-level executions read (each with its family)"""
+    cursor: tuple[datetime, uuid.UUID] | None
+    """where the next batch starts (the last root read); None when none was read"""
+    executions: int = 0
+    history: int = 0
+    messages: int = 0
+    kept: dict[str, int] = field(default_factory=dict)
+    """families kept, by reason (veracity.core.retention.KeepReason)"""
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     id: int
     execution_id: uuid.UUID

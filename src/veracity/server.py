@@ -37,6 +37,7 @@ from veracity.maintenance.cron import CronMetrics, CronService
 from veracity.maintenance.deployments import DeploymentBeacon
 from veracity.maintenance.reconciler import ReconcilerMetrics, ReconcilerService
 from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
+from veracity.maintenance.retention import RetentionMetrics, RetentionService
 from veracity.runtime import Runtime, build_looker, open_runtime, redact_url
 from veracity.telemetry import Telemetry
 from veracity.worker.runner import Worker
@@ -154,6 +155,14 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
         ]
         if runtime.crons:
             tasks.append(asyncio.create_task(cron.run(stop), name="veracity-cron"))
+        # every server runs retention, one at a time (docs/operations.md, Retention); its
+        # metrics are served even when it is off (retention.terminal = 0), all at zero
+        retention_metrics = RetentionMetrics(registry)
+        if settings.retention.enabled:
+            retention = RetentionService(runtime.store, older_than=settings.retention.terminal,
+                                         metrics=retention_metrics)
+            tasks.append(asyncio.create_task(run_forever(
+                retention, settings.retention.interval, stop), name="veracity-retention"))
         worker: Worker | None = None
         runnable = bool((runtime.app and runtime.app.workflows) or runtime.external.workflows)
         if wants_worker(settings, with_worker) and runnable:

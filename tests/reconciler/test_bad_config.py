@@ -59,9 +59,9 @@ CASES: list[tuple[str, str, dict[str, str | None], list[str]]] = [
     ("bad-webhook", swap('webhook = "/webhook/fulfil"\nmax_duration = "300ms"',
                          'webhook = "webhook/fulfil"\nmax_duration = "300ms"'), {},
      ["external_workflow[0]", "webhook"]),
-    # features this version lacks, and tokens in the file, are refused, never ignored
-    ("retention", GOOD + '\n[retention]\nterminal = "30d"\n', {},
-     ["veracity.toml:", "retention: not supported by this version of Veracity"]),
+    # a bad retention, and tokens in the file, are refused, never ignored
+    ("retention-bad", GOOD + '\n[retention]\nterminal = "-7d"\n', {},
+     ["veracity.toml:", "retention.terminal", "cannot be negative"]),
     ("tokens", GOOD + '\n[[tokens]]\nname = "ci"\n', {},
      ["veracity.toml:", "tokens: API tokens live in the database", "veracity token create"]),
     ("stop-flag-after", GOOD + '\n[reconciler]\nstop_flag_after = "0.5s"\n', {},

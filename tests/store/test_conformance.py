@@ -349,6 +349,43 @@ async def test_list_filter_statuses(store: Store, clock: ManualClock) -> None:
     assert await ids(*Status) == {pending.id, running.id, completed.id, failed.id}
 
 
+async def test_list_pages_of_several_workflows_or_statuses_merge_newest_first(
+    store: Store, clock: ManualClock
+) -> None:
+    """A filter whose rows come from several workflows (an FFQN prefix) or several statuses
+    (PostgreSQL reads each one's newest rows, then merges them): pages in one order,
+    newest first, nothing repeated or skipped across pages."""
+    made = []
+    for i in range(9):
+        clock.advance(1)
+        made.append(await _submit(store, ["app.a.run", "app.b.run", "other.c.run"][i % 3]))
+    # the oldest of app.b.run (made[1]) fails: the others stay pending
+    (c,) = await store.execution_claim("w", ["app.b.run"], limit=1,
+                                       lease_ttl=timedelta(seconds=30))
+    assert c.id == made[1].id
+    assert (await store.execution_fail_if_owned(Claim(c.id, "w", c.lease_epoch),
+                                                {"code": "x"})).applied
+
+    async def pages(f: ExecutionFilter) -> list[uuid.UUID]:
+        seen: list[uuid.UUID] = []
+        after = None
+        while True:
+            rows = await store.execution_list(f, limit=2, after=after)
+            seen += [r.id for r in rows]
+            if len(rows) < 2:
+                return seen
+            after = ListCursor(rows[-1].created_at, rows[-1].id)
+
+    newest_first = [e.id for e in reversed(made)]
+    assert await pages(ExecutionFilter(ffqn_prefix="app.")) == [
+        e for e, m in zip(newest_first, reversed(made), strict=True)
+        if m.ffqn.startswith("app.")]
+    assert await pages(ExecutionFilter(statuses=(Status.FAILED, Status.PENDING))) == (
+        newest_first)
+    assert await pages(ExecutionFilter(statuses=(Status.FAILED,), ffqn_prefix="app.")) == [
+        made[1].id]
+
+
 async def test_list_filter_ffqn_prefix_is_literal(store: Store) -> None:
     names = [
         "shop.orders.create",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from veracity.cli.output import fmt_time, print_fields, print_json, print_table, short
-from veracity.config import Settings, load_settings
+from veracity.config import Settings, load_settings, parse_duration
 from veracity.core.states import Status
 from veracity.errors import ConfigError, Conflict, InvalidInput, VeracityError
 from veracity.models import ApiToken, Execution, ExecutionFilter, HistoryEvent, Message
@@ -401,6 +401,71 @@ def migrate(config_path: str | None, database_url: str | None, app: str | None,
                    f"{redact_url(settings.database_url)}")
     else:
         click.echo(f"{redact_url(settings.database_url)} is up to date")
+
+
+@cli.command()
+@common_options
+@click.option("--older-than", "older_than", default=None, metavar="DURATION",
+              help="Delete executions that ended longer ago than this (e.g. 7d, 12h); "
+                   "default: retention.terminal.")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@json_option
+def prune(config_path: str | None, database_url: str | None, app: str | None,
+          older_than: str | None, dry_run: bool, as_json: bool) -> None:
+    """Delete terminal executions that ended long ago, with their history and messages,
+    as retention does (docs/operations.md, Retention): never an unfinished one, nor a
+    child before its parent."""
+    settings = settings_from(config_path, database_url=database_url, app=app)
+    if older_than is None:
+        seconds = settings.retention.terminal
+        if seconds <= 0:
+            raise Failure("retention is off (retention.terminal = 0 keeps everything): "
+                          "give --older-than")
+    else:
+        try:
+            seconds = parse_duration(older_than)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--older-than") from None
+        if seconds <= 0:
+            raise click.BadParameter(
+                f"{older_than!r}: must be above 0 (e.g. 7d)", param_hint="--older-than")
+    show_bar = sys.stderr.isatty() and not as_json
+    from veracity.maintenance.retention import RetentionResult, RetentionService
+
+    async def go() -> RetentionResult:
+        store = await open_store(settings.database_url, create=False)
+        try:
+            service = RetentionService(store, older_than=seconds)
+            cutoff = await service.cutoff()
+            if not show_bar:
+                return await service.run_once(dry_run=dry_run, cutoff=cutoff)
+            total = await store.execution_prune_count(cutoff=cutoff)
+            label = "counting" if dry_run else "pruning"
+            with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
+                return await service.run_once(
+                    dry_run=dry_run, cutoff=cutoff,
+                    on_batch=lambda b: bar.update(b.roots))
+        finally:
+            await store.close()
+
+    result = run(go())
+    if not result.ran:
+        raise Failure("another process is running retention now; try again when it ends")
+    assert result.cutoff is not None
+    if as_json:
+        print_json({"dry_run": dry_run, "cutoff": result.cutoff.isoformat(),
+                    "executions": result.executions, "history": result.history,
+                    "messages": result.messages, "kept": result.kept})
+        return
+    verb = "would delete" if dry_run else "deleted"
+    line = (f"{verb} {result.executions} execution{'' if result.executions == 1 else 's'}"
+            f" that ended before {fmt_time(result.cutoff)}")
+    if not dry_run:
+        line += f" ({result.history} history events, {result.messages} messages)"
+    click.echo(line)
+    if result.kept:
+        click.echo("kept: " + ", ".join(f"{n} {reason}" for reason, n in
+                                        sorted(result.kept.items())))
 
 
 def _parse_params(params_json: str | None, values: tuple[str, ...]) -> list[Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import uuid
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from veracity.core.ffqn import CANCELLABLE_SUFFIX
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
 from veracity.core.recovery import Expired, decide_recovery
 from veracity.core.requests import CallbackOutcome, CallbackReport, InterruptKind, ResolveAction
+from veracity.core.retention import Member, decide_prune, families_from
 from veracity.core.states import TERMINAL, Status, sources_of
 from veracity.core.waiting import parked_reason
 from veracity.models import (
@@ -45,6 +47,7 @@ from veracity.models import (
     Interrupt,
     Message,
     NewExecution,
+    PruneBatch,
     ReconcileAction,
     Recovered,
     Submitted,
@@ -418,6 +421,75 @@ def recover_expired(max_attempts: int, limit: int, from_states: list[str],
     if events:
         yield Query("history_append_many", {"rows": JsonParam(events), "now": now})
     return out
+
+
+# -- retention ------------------------------------------------------------------------------
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def prune(cutoff: datetime, limit: int, after: tuple[datetime, uuid.UUID] | None,
+          dry_run: bool) -> Op:
+    """One retention batch (docs/operations.md, Retention): up to ``limit`` top-level
+    executions that ended before ``cutoff`` (after the cursor), each with its family; the
+    families :func:`decide_prune` lets go are deleted with their history, messages and cron
+    slots, once locked and found still ended (a dry run stops before that)."""
+    roots = yield Query("prune_roots", {
+        "cutoff": cutoff, "limit": limit,
+        "after_at": after[0] if after else None, "after_id": after[1] if after else None})
+    if not roots:
+        return PruneBatch(roots=0, cursor=None)
+    cursor = (roots[-1]["updated_at"], _uuid(roots[-1]["id"]))
+    rows = yield Query("prune_families", {
+        "cutoff": cutoff, "roots": [_uuid(r["id"]) for r in roots]})
+    members = []
+    for r in rows:
+        retried = r["retried_by"]
+        if isinstance(retried, str):
+            retried = json.loads(retried)
+        members.append((_uuid(r["root_id"]), Member(
+            id=_uuid(r["id"]), status=Status(r["status"]),
+            ended_before_cutoff=bool(r["ended_before_cutoff"]),
+            retried_by=frozenset(_uuid(x) for x in retried or []),
+            cron_latest=bool(r["cron_latest"]))))
+    decision = decide_prune(families_from(members))
+    kept: dict[str, int] = {}
+    for reason in decision.kept.values():
+        kept[str(reason)] = kept.get(str(reason), 0) + 1
+    ids = decision.ids
+    if dry_run or not ids:
+        return PruneBatch(roots=len(roots), cursor=cursor, executions=len(ids), kept=kept)
+    # under the lock, again: a row that changed since it was read (no longer ended before
+    # the cutoff), or a retry of one made since, keeps its family this time
+    locked = yield Query("prune_lock", {"ids": ids, "cutoff": cutoff})
+    retried = yield Query("prune_retried_by", {"ids": ids})
+    still = {_uuid(r["id"]) for r in locked}
+    held = {_uuid(r["id"]) for r in retried}
+    going = [f for f in decision.delete if f.ids <= still and not f.ids & held]
+    while True:  # a family kept now may hold back the originals its members retried
+        going_ids: set[uuid.UUID] = set().union(*(f.ids for f in going))
+        stay = [f for f in going if any(not m.retried_by <= going_ids for m in f.members)]
+        if not stay:
+            break
+        going = [f for f in going if f not in stay]
+    if len(going) < len(decision.delete):
+        kept["changed"] = kept.get("changed", 0) + len(decision.delete) - len(going)
+    ids = [m.id for f in going for m in f.members]
+    if not ids:
+        return PruneBatch(roots=len(roots), cursor=cursor, kept=kept)
+    messages = yield Query("prune_delete_messages", {"ids": ids})
+    history = yield Query("prune_delete_history", {"ids": ids})
+    yield Query("prune_delete_cron_slots", {"ids": ids})
+    deleted = yield Query("prune_delete_executions", {"ids": ids})
+    return PruneBatch(roots=len(roots), cursor=cursor, executions=len(deleted),
+                      history=len(history), messages=len(messages), kept=kept)
+
+
+def prune_count(cutoff: datetime) -> Op:
+    rows = yield Query("prune_count", {"cutoff": cutoff})
+    return int(rows[0]["n"])
 
 
 # -- reads ---------------------------------------------------------------------------------

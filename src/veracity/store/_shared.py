@@ -26,6 +26,7 @@ from veracity.models import (
     HistoryEvent,
     Interrupt,
     NewExecution,
+    PruneBatch,
     ReconcileAction,
     Recovered,
     Submitted,
@@ -280,6 +281,23 @@ class SharedMethods:
         recovered: list[Recovered] = await self._op(lambda: _ops.recover_expired(
             max_attempts, limit, recover_sources(), self._now()))
         return recovered
+
+    async def execution_prune(
+        self, *, cutoff: datetime, limit: int = 500,
+        after: tuple[datetime, uuid.UUID] | None = None, dry_run: bool = False,
+    ) -> PruneBatch:
+        require_aware(cutoff)
+        if after is not None:
+            require_aware(after[0])
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        batch: PruneBatch = await self._op(lambda: _ops.prune(cutoff, limit, after, dry_run))
+        return batch
+
+    async def execution_prune_count(self, *, cutoff: datetime) -> int:
+        require_aware(cutoff)
+        count: int = await self._op(lambda: _ops.prune_count(cutoff))
+        return count
 
     async def execution_resolve(
         self, execution_id: uuid.UUID, *, action: ResolveAction, external_id: str | None,

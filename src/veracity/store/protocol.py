@@ -44,6 +44,7 @@ from veracity.models import (
     ListCursor,
     NewApiToken,
     NewExecution,
+    PruneBatch,
     ReconcileAction,
     Recovered,
     Submitted,
@@ -459,6 +460,22 @@ class MaintenanceStore(DelegatedWrites, ReadStore, Protocol):
         self, *, limit: int = 1000, after: uuid.UUID | None = None
     ) -> list[Execution]:
         """Running executions delegated to an engine, by id (keyset ``after``)."""
+
+    async def execution_prune(
+        self, *, cutoff: datetime, limit: int = 500,
+        after: tuple[datetime, uuid.UUID] | None = None, dry_run: bool = False,
+    ) -> PruneBatch:
+        """One retention batch (docs/operations.md, Retention): the next ``limit``
+        top-level executions that ended before ``cutoff``, oldest end first, after the
+        cursor ``after``, each with everything below it; a family all of whose members
+        ended before the cutoff, none the latest slot of a cron entry nor retried by an
+        execution that stays (veracity.core.retention), is deleted with its history,
+        messages and cron slots in one transaction. ``dry_run`` counts and deletes
+        nothing. Never a non-terminal execution."""
+
+    async def execution_prune_count(self, *, cutoff: datetime) -> int:
+        """How many top-level executions ended before ``cutoff``: the roots a retention
+        pass reads (some may be kept)."""
 
     async def cron_register(
         self, definitions: Sequence[CronDefinition]

@@ -99,16 +99,80 @@ LIMIT 1
 SELECT * FROM veracity_executions WHERE id = %(id)s
 
 -- name: execution_list
+-- Newest first. starts_with() on an FFQN prefix is a range of the index
+-- veracity_executions_ffqn_created (of the "C" collation), which finds a rare prefix's rows;
+-- the planner picks it, or the list's own order, by the statistics. The filters compare
+-- COLLATE "C" expressions: those are what the list's indexes are keyed on (migration 0012).
 SELECT * FROM veracity_executions
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
-  AND (%(ffqn_prefix)s::text IS NULL OR starts_with(ffqn, %(ffqn_prefix)s::text))
-  AND (%(deployment_id)s::text IS NULL OR deployment_id = %(deployment_id)s::text)
+WHERE (%(ffqn_prefix)s::text IS NULL
+       OR starts_with(ffqn COLLATE "C", %(ffqn_prefix)s::text))
+  AND (%(deployment_id)s::text IS NULL
+       OR deployment_id COLLATE "C" = %(deployment_id)s::text)
   AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
   AND (%(flagged)s::boolean IS NULL OR (flagged_at IS NOT NULL) = %(flagged)s::boolean)
   AND (%(cursor_at)s::timestamptz IS NULL
        OR (created_at, id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid))
 ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: execution_list_by_status
+-- The same, for the given statuses: each status's newest rows read in order from the index
+-- veracity_executions_status_created (a page costs the page, however rare the status),
+-- then merged.
+SELECT e.* FROM unnest(%(statuses)s::text[]) AS s (status)
+CROSS JOIN LATERAL (
+    SELECT * FROM veracity_executions AS x
+    WHERE x.status COLLATE "C" = s.status
+      AND (%(ffqn_prefix)s::text IS NULL
+           OR starts_with(x.ffqn COLLATE "C", %(ffqn_prefix)s::text))
+      AND (%(deployment_id)s::text IS NULL
+           OR x.deployment_id COLLATE "C" = %(deployment_id)s::text)
+      AND (%(created_after)s::timestamptz IS NULL
+           OR x.created_at > %(created_after)s::timestamptz)
+      AND (%(created_before)s::timestamptz IS NULL
+           OR x.created_at < %(created_before)s::timestamptz)
+      AND (%(flagged)s::boolean IS NULL OR (x.flagged_at IS NOT NULL) = %(flagged)s::boolean)
+      AND (%(cursor_at)s::timestamptz IS NULL
+           OR (x.created_at, x.id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid))
+    ORDER BY x.created_at DESC, x.id DESC
+    LIMIT %(limit)s
+) AS e
+ORDER BY e.created_at DESC, e.id DESC
+LIMIT %(limit)s
+
+-- name: execution_list_by_ffqn
+-- The same, for an FFQN prefix without statuses: the distinct workflow names with the
+-- prefix, found by skipping through the index veracity_executions_ffqn_created (one probe
+-- per name), then each name's newest rows read in order from it, and merged: a page costs
+-- the page times the number of workflows with the prefix, whatever the history.
+WITH RECURSIVE names (ffqn) AS (
+    SELECT min(ffqn COLLATE "C") FROM veracity_executions
+    WHERE starts_with(ffqn COLLATE "C", %(ffqn_prefix)s::text)
+    UNION ALL
+    SELECT (SELECT min(x.ffqn COLLATE "C") FROM veracity_executions AS x
+            WHERE x.ffqn COLLATE "C" > n.ffqn
+              AND starts_with(x.ffqn COLLATE "C", %(ffqn_prefix)s::text))
+    FROM names AS n WHERE n.ffqn IS NOT NULL
+)
+SELECT e.* FROM names
+CROSS JOIN LATERAL (
+    SELECT * FROM veracity_executions AS x
+    WHERE x.ffqn COLLATE "C" = names.ffqn
+      AND (%(deployment_id)s::text IS NULL
+           OR x.deployment_id COLLATE "C" = %(deployment_id)s::text)
+      AND (%(created_after)s::timestamptz IS NULL
+           OR x.created_at > %(created_after)s::timestamptz)
+      AND (%(created_before)s::timestamptz IS NULL
+           OR x.created_at < %(created_before)s::timestamptz)
+      AND (%(flagged)s::boolean IS NULL OR (x.flagged_at IS NOT NULL) = %(flagged)s::boolean)
+      AND (%(cursor_at)s::timestamptz IS NULL
+           OR (x.created_at, x.id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid))
+    ORDER BY x.created_at DESC, x.id DESC
+    LIMIT %(limit)s
+) AS e
+WHERE names.ffqn IS NOT NULL
+ORDER BY e.created_at DESC, e.id DESC
 LIMIT %(limit)s
 
 -- name: history_list
@@ -895,6 +959,75 @@ RETURNING id, history_seq
 -- name: notify_pending
 -- adopted pending executions are due for the new deployment's workers: wake them
 SELECT pg_notify('veracity_pending', '')
+
+
+-- ---------------------------------------------------------------------------------------
+-- Retention (docs/operations.md, Retention; store/_ops.py, prune, drives these)
+
+-- name: prune_roots
+-- Top-level executions that ended before the cutoff, oldest end first, after the cursor
+-- (updated_at, id): read from the index veracity_executions_ended alone.
+SELECT id, updated_at FROM veracity_executions
+WHERE parent_id IS NULL
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+  AND updated_at < %(cutoff)s::timestamptz
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (updated_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid))
+ORDER BY updated_at, id
+LIMIT %(limit)s
+
+-- name: prune_families
+-- Every member of the families of these roots (the roots and everything below them),
+-- with what the decision (veracity.core.retention) needs.
+WITH RECURSIVE fam (root_id, id) AS (
+    SELECT r.id, r.id FROM unnest(%(roots)s::uuid[]) AS r (id)
+    UNION ALL
+    SELECT fam.root_id, c.id FROM veracity_executions AS c JOIN fam ON c.parent_id = fam.id
+)
+SELECT fam.root_id, e.id, e.status,
+       (e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        AND e.updated_at < %(cutoff)s::timestamptz) AS ended_before_cutoff,
+       (SELECT coalesce(json_agg(r.id), '[]'::json) FROM veracity_executions AS r
+        WHERE r.retry_of = e.id) AS retried_by,
+       EXISTS (SELECT 1 FROM veracity_cron_slots AS s
+               WHERE s.execution_id = e.id
+                 AND s.slot_at = (SELECT max(l.slot_at) FROM veracity_cron_slots AS l
+                                  WHERE l.name = s.name)) AS cron_latest
+FROM fam JOIN veracity_executions AS e ON e.id = fam.id
+
+-- name: prune_lock
+-- The executions about to be deleted, locked, that are still terminal and ended before
+-- the cutoff (nobody waits on a terminal row: workers lock only unfinished ones).
+SELECT id FROM veracity_executions
+WHERE id = ANY (%(ids)s::uuid[])
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+  AND updated_at < %(cutoff)s::timestamptz
+ORDER BY id
+FOR UPDATE
+
+-- name: prune_retried_by
+-- Executions that retry one of these and are not among them (read again under the lock).
+SELECT DISTINCT retry_of AS id FROM veracity_executions
+WHERE retry_of = ANY (%(ids)s::uuid[]) AND NOT (id = ANY (%(ids)s::uuid[]))
+
+-- name: prune_delete_messages
+DELETE FROM veracity_messages WHERE execution_id = ANY (%(ids)s::uuid[]) RETURNING 1
+
+-- name: prune_delete_history
+DELETE FROM veracity_history WHERE execution_id = ANY (%(ids)s::uuid[]) RETURNING 1
+
+-- name: prune_delete_cron_slots
+DELETE FROM veracity_cron_slots WHERE execution_id = ANY (%(ids)s::uuid[]) RETURNING 1
+
+-- name: prune_delete_executions
+DELETE FROM veracity_executions WHERE id = ANY (%(ids)s::uuid[]) RETURNING 1
+
+-- name: prune_count
+-- How many top-level executions ended before the cutoff (what a pass will read).
+SELECT count(*) AS n FROM veracity_executions
+WHERE parent_id IS NULL
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+  AND updated_at < %(cutoff)s::timestamptz
 
 -- name: history_newest_of_kinds
 -- the newest event of each kind of each execution (what it waits for: core.waiting); one

@@ -340,10 +340,13 @@ class PostgresStore(SharedMethods):
     ) -> list[Execution]:
         check_filter(filter)
         require_aware(after.created_at if after else None)
+        statuses = sorted({str(s) for s in filter.statuses})
         rows = await self._fetchall(
-            "execution_list",
+            "execution_list_by_status" if statuses
+            else "execution_list_by_ffqn" if filter.ffqn_prefix is not None
+            else "execution_list",
             {
-                "statuses": [str(s) for s in filter.statuses] or None,
+                "statuses": statuses,
                 "ffqn_prefix": filter.ffqn_prefix,
                 "deployment_id": filter.deployment_id,
                 "created_after": filter.created_after,

@@ -756,6 +756,77 @@ RETURNING *
 UPDATE veracity_api_tokens SET last_used_at = :now
 WHERE key_id = :key_id AND (last_used_at IS NULL OR last_used_at < :now)
 
+
+-- ---------------------------------------------------------------------------------------
+-- Retention (docs/operations.md, Retention; store/_ops.py, prune, drives these). The
+-- transaction's write lock is the lock.
+
+-- name: prune_roots
+-- Top-level executions that ended before the cutoff, oldest end first, after the cursor
+-- (updated_at, id): read from the index veracity_executions_ended.
+SELECT id, updated_at FROM veracity_executions
+WHERE parent_id IS NULL
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+  AND updated_at < :cutoff
+  AND (:after_at IS NULL OR (updated_at, id) > (:after_at, :after_id))
+ORDER BY updated_at, id
+LIMIT :limit
+
+-- name: prune_families
+-- Every member of the families of these roots (the roots and everything below them),
+-- with what the decision (veracity.core.retention) needs.
+WITH RECURSIVE fam (root_id, id) AS (
+    SELECT value, value FROM json_each(:roots)
+    UNION ALL
+    SELECT fam.root_id, c.id FROM veracity_executions AS c JOIN fam ON c.parent_id = fam.id
+)
+SELECT fam.root_id, e.id, e.status,
+       (e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+        AND e.updated_at < :cutoff) AS ended_before_cutoff,
+       (SELECT json_group_array(r.id) FROM veracity_executions AS r
+        WHERE r.retry_of = e.id) AS retried_by,
+       EXISTS (SELECT 1 FROM veracity_cron_slots AS s
+               WHERE s.execution_id = e.id
+                 AND s.slot_at = (SELECT max(l.slot_at) FROM veracity_cron_slots AS l
+                                  WHERE l.name = s.name)) AS cron_latest
+FROM fam JOIN veracity_executions AS e ON e.id = fam.id
+
+-- name: prune_lock
+-- The executions about to be deleted that are still terminal and ended before the cutoff.
+SELECT id FROM veracity_executions
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+  AND updated_at < :cutoff
+
+-- name: prune_retried_by
+-- Executions that retry one of these and are not among them.
+SELECT DISTINCT retry_of AS id FROM veracity_executions
+WHERE retry_of IN (SELECT value FROM json_each(:ids))
+  AND id NOT IN (SELECT value FROM json_each(:ids))
+
+-- name: prune_delete_messages
+DELETE FROM veracity_messages WHERE execution_id IN (SELECT value FROM json_each(:ids))
+RETURNING 1
+
+-- name: prune_delete_history
+DELETE FROM veracity_history WHERE execution_id IN (SELECT value FROM json_each(:ids))
+RETURNING 1
+
+-- name: prune_delete_cron_slots
+DELETE FROM veracity_cron_slots WHERE execution_id IN (SELECT value FROM json_each(:ids))
+RETURNING 1
+
+-- name: prune_delete_executions
+DELETE FROM veracity_executions WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING 1
+
+-- name: prune_count
+-- How many top-level executions ended before the cutoff (what a pass will read).
+SELECT count(*) AS n FROM veracity_executions
+WHERE parent_id IS NULL
+  AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
+  AND updated_at < :cutoff
+
 -- name: history_newest_of_kinds
 -- the newest event of each kind of each execution (what it waits for: core.waiting)
 SELECT h.execution_id, h.kind, h.data

@@ -1,0 +1,189 @@
+"""Cost that does not grow with history, on PostgreSQL (docs/operations.md, Retention).
+
+One scratch database is measured empty, then again after it is filled with terminal
+executions up to each size in ``--sizes`` (default: 1,000,000). Filling inserts top-level
+executions straight into the tables (99 % ``completed``, 1 % ``failed``, 0.1 %
+``cancelled``; four FFQNs, three deployments; three history events each), ended over
+the last 40 days, then VACUUM ANALYZE. At each size:
+
+- claims: ``--executions`` no-op executions (default 5,000) inserted pending, then one
+  ``veracity worker`` process at the default settings (``worker.concurrency`` 16) drains
+  them; the rate is N over the time from the first claim to the last completion, both the
+  database's clock (as bench/workers.py). Median of ``--runs`` runs (default 2).
+- list pages: each filter ``GET /v1/executions`` offers, its first page of 50 through the
+  store (``execution_list``, in process: the query, not HTTP); the median of 20 calls
+  after 3 warm-ups.
+
+Then, on the largest size, the prune rate: ``veracity prune``'s pass (RetentionService)
+deleting what ended more than 30 days ago (about a quarter), in executions (with their
+history) deleted per second of wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from datetime import UTC, datetime
+
+import psycopg
+
+from bench._util import scratch_pg_database
+from bench.workers import insert_noops, migrate, worker_procs
+from veracity.core.states import Status
+from veracity.maintenance.retention import RetentionService
+from veracity.models import ExecutionFilter
+from veracity.store import open_store
+
+FILL = """
+WITH ins AS (
+    INSERT INTO veracity_executions (
+        id, ffqn, params, status, result, error, deployment_id, scheduled_at, created_at,
+        updated_at, started_at, history_seq)
+    SELECT gen_random_uuid(),
+           (ARRAY['shop:orders/process.run', 'shop:mail/send.run',
+                  'billing:invoices/make.run', 'ops:cleanup/run.run'])[1 + i %% 4],
+           '[]',
+           CASE WHEN i %% 100 = 0 THEN 'failed' WHEN i %% 1000 = 1 THEN 'cancelled'
+                ELSE 'completed' END,
+           CASE WHEN i %% 100 = 0 OR i %% 1000 = 1 THEN NULL ELSE '{"ok": true}'::json END,
+           CASE WHEN i %% 100 = 0 THEN '{"code": "boom"}'::json END,
+           'dep-' || (i %% 3), t, t, t, t, 3
+    FROM generate_series(%(first)s::int, %(last)s::int) AS i,
+         LATERAL (SELECT now() - interval '40 days'
+                         + (i / %(total)s::float8) * interval '40 days' AS t) AS at
+    RETURNING id, status, created_at
+)
+INSERT INTO veracity_history (execution_id, seq, kind, at, data)
+SELECT id, s.seq, CASE s.seq WHEN 1 THEN 'pending' WHEN 2 THEN 'running' ELSE status END,
+       created_at, '{}'
+FROM ins, (VALUES (1), (2), (3)) AS s (seq)
+"""
+
+FILTERS: list[tuple[str, ExecutionFilter]] = [
+    ("unfiltered", ExecutionFilter()),
+    ("status=failed", ExecutionFilter(statuses=(Status.FAILED,))),
+    ("status=cancelled", ExecutionFilter(statuses=(Status.CANCELLED,))),
+    ("status=pending,running", ExecutionFilter(statuses=(Status.PENDING, Status.RUNNING))),
+    ("ffqn_prefix=shop:mail", ExecutionFilter(ffqn_prefix="shop:mail")),
+    ("ffqn_prefix=rare:", ExecutionFilter(ffqn_prefix="rare:")),
+    ("deployment_id=dep-1", ExecutionFilter(deployment_id="dep-1")),
+    ("flagged", ExecutionFilter(flagged=True)),
+    ("created_before", ExecutionFilter(created_before=datetime(2000, 1, 1, tzinfo=UTC))),
+]
+
+
+def fill(url: str, have: int, want: int, chunk: int = 200_000) -> float:
+    """Top-level terminal executions up to ``want`` in all; seconds it took."""
+    started = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as conn:
+        first = have + 1
+        while first <= want:
+            last = min(first + chunk - 1, want)
+            conn.execute(FILL, {"first": first, "last": last, "total": want})
+            first = last + 1
+        conn.execute("VACUUM ANALYZE veracity_executions")
+        conn.execute("VACUUM ANALYZE veracity_history")
+    return time.monotonic() - started
+
+
+def claims(url: str, n: int) -> float:
+    """One worker at the defaults drains n new no-op executions: executions/s."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM veracity_history WHERE execution_id IN "
+                     "(SELECT id FROM veracity_executions WHERE deployment_id = 'bench')")
+        conn.execute("DELETE FROM veracity_executions WHERE deployment_id = 'bench'")
+    insert_noops(url, n)
+    with worker_procs(url, 1):
+        _wait_bench_done(url, n)
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT extract(epoch FROM max(e.updated_at) - min(h.at)) "
+            "FROM veracity_executions AS e JOIN veracity_history AS h "
+            "ON h.execution_id = e.id AND h.kind = 'running' "
+            "WHERE e.deployment_id = 'bench'").fetchone()
+    assert row is not None
+    return n / float(row[0])
+
+
+def _pending_completed(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM veracity_executions WHERE "
+                           "deployment_id = 'bench' AND status = 'completed'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _wait_bench_done(url: str, n: int) -> None:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if _pending_completed(url) >= n:
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"not all {n} executions completed")
+
+
+async def list_pages(url: str) -> dict[str, float]:
+    store = await open_store(url, pool_size=1)
+    out: dict[str, float] = {}
+    try:
+        for name, f in FILTERS:
+            times = []
+            for i in range(23):
+                t = time.perf_counter()
+                await store.execution_list(f, limit=50)
+                if i >= 3:
+                    times.append((time.perf_counter() - t) * 1000)
+            out[name] = statistics.median(times)
+    finally:
+        await store.close()
+    return out
+
+
+async def prune_rate(url: str, older_than_days: float) -> tuple[int, int, float]:
+    store = await open_store(url, pool_size=2)
+    try:
+        service = RetentionService(store, older_than=older_than_days * 86400)
+        started = time.monotonic()
+        result = await service.run_once()
+        took = time.monotonic() - started
+    finally:
+        await store.close()
+    return result.executions, result.history, took
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="1000000",
+                        help="comma-separated table sizes (terminal executions) to measure "
+                             "at, after the empty table")
+    parser.add_argument("--executions", type=int, default=5000)
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args(argv)
+    sizes = [0, *(int(s) for s in args.sizes.split(",") if s.strip())]
+    with scratch_pg_database() as url:
+        asyncio.run(migrate(url))
+        have = 0
+        for size in sizes:
+            if size > have:
+                took = fill(url, have, size)
+                print(f"growth   postgresql  filled to {size:,} terminal executions "
+                      f"({3 * size:,} history rows) in {took:.0f} s")
+                have = size
+            rates = [claims(url, args.executions) for _ in range(args.runs)]
+            print(f"growth   postgresql  {size:,} terminal executions: 1 worker (defaults) "
+                  f"drains {args.executions:,} no-ops at {statistics.median(rates):,.0f}/s "
+                  f"(runs: {', '.join(f'{r:,.0f}' for r in rates)})")
+            pages = asyncio.run(list_pages(url))
+            print(f"growth   postgresql  {size:,} terminal executions: first list page "
+                  "(50), median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in pages.items()))
+        if have:
+            deleted, history, took = asyncio.run(prune_rate(url, 30))
+            print(f"growth   postgresql  prune of {have:,}: {deleted:,} executions and "
+                  f"{history:,} history rows that ended over 30 days ago deleted in "
+                  f"{took:.1f} s: {deleted / took:,.0f} executions/s")
+
+
+if __name__ == "__main__":
+    main()

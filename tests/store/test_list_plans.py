@@ -1,0 +1,161 @@
+"""Every filter of the execution list (``GET /v1/executions``, ``veracity list``) answers
+its first page on PostgreSQL from an index, reading about a page of rows, not the table
+(docs/operations.md, What a list page costs).
+
+The table gets 20,000 executions and is ANALYZEd, with rare values for each filter (a
+status, an FFQN prefix, a deployment, flagged rows) and no pending one: with real
+statistics the planner's choice is the one production gets. ``enable_seqscan = off`` is
+NOT used: it would hide a plan that reads the whole table through the wrong index, which
+is the cost this test is about. Each plan is run (EXPLAIN ANALYZE) and checked twice: no
+Seq Scan on veracity_executions, and the rows its scans of veracity_executions read
+(returned plus removed by a filter) stay under 10 pages' worth, where reading the table
+would be 20,000.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from veracity.store.postgres.store import _q
+
+LIMIT = 50
+ROWS = 20_000
+
+# (name, the store's parameters for it): each a filter the API offers, alone
+FILTERS: list[tuple[str, dict[str, Any]]] = [
+    ("unfiltered", {}),
+    ("status=failed (1 %)", {"statuses": ["failed"]}),
+    ("status=cancelled (0.1 %)", {"statuses": ["cancelled"]}),
+    ("status=blocked,cancelled", {"statuses": ["blocked", "cancelled"]}),
+    ("status=completed", {"statuses": ["completed"]}),
+    ("ffqn_prefix common", {"ffqn_prefix": "shop:mail"}),
+    ("ffqn_prefix of several", {"ffqn_prefix": "shop:"}),
+    ("ffqn_prefix rare", {"ffqn_prefix": "rare:"}),
+    ("deployment_id common", {"deployment_id": "dep-1"}),
+    ("deployment_id rare", {"deployment_id": "dep-rare"}),
+    ("flagged", {"flagged": True}),
+    ("created_after", {"created_after": "2030-01-01T05:00:00Z"}),
+    ("created_before", {"created_before": "2030-01-01T01:00:00Z"}),
+    ("cursor", {"cursor_at": "2030-01-01T02:00:00Z",
+                "cursor_id": "00000000-0000-0000-0000-000000000000"}),
+]
+BASE: dict[str, Any] = {
+    "statuses": [], "ffqn_prefix": None, "deployment_id": None, "created_after": None,
+    "created_before": None, "flagged": None, "cursor_at": None, "cursor_id": None,
+    "limit": LIMIT,
+}
+
+FILL = """
+INSERT INTO veracity_executions (
+    id, ffqn, params, status, result, error, deployment_id, scheduled_at, created_at,
+    updated_at, history_seq, lease_owner, lease_expires_at, flagged_at, flag_kind, engine)
+SELECT gen_random_uuid(),
+       CASE WHEN i %% 5000 = 7 THEN 'rare:x/y.run'
+            ELSE (ARRAY['shop:orders/process.run', 'shop:mail/send.run',
+                        'billing:invoices/make.run', 'ops:cleanup/run.run'])[1 + i %% 4] END,
+       '[]',
+       CASE WHEN i %% 100 = 0 THEN 'failed' WHEN i %% 1000 = 1 THEN 'cancelled'
+            WHEN i %% 997 = 3 THEN 'blocked' ELSE 'completed' END,
+       CASE WHEN i %% 100 = 0 OR i %% 1000 = 1 OR i %% 997 = 3 THEN NULL ELSE '1'::json END,
+       NULL,
+       CASE WHEN i %% 4000 = 5 THEN 'dep-rare' ELSE 'dep-' || (i %% 3) END,
+       t, t, t, 3, NULL, NULL,
+       CASE WHEN i %% 3000 = 11 THEN t END, CASE WHEN i %% 3000 = 11 THEN 'unknown_id' END,
+       CASE WHEN i %% 3000 = 11 THEN 'n8n' END
+FROM generate_series(1, %(rows)s) AS i,
+     LATERAL (SELECT timestamptz '2030-01-01' + i * interval '1 second' AS t) AS at
+"""
+
+
+def scans(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every plan node under ``node`` that reads veracity_executions."""
+    found = [node] if node.get("Relation Name") == "veracity_executions" else []
+    for child in node.get("Plans", []):
+        found += scans(child)
+    return found
+
+
+@pytest.fixture(scope="module")
+def filled(pg_server_url: str) -> Any:
+    """One migrated database with the rows, shared by this module's tests (read only)."""
+    import uuid
+
+    from tests._pg import create_database, drop_database, with_database
+    from tests.conftest import run_async
+    from veracity.store import open_store
+
+    name = f"veracity_plans_{uuid.uuid4().hex[:12]}"
+    create_database(pg_server_url, name)
+    url = with_database(pg_server_url, name)
+
+    async def migrate() -> None:
+        store = await open_store(url)
+        try:
+            await store.migrate()
+        finally:
+            await store.close()
+
+    try:
+        run_async(migrate())
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(FILL, {"rows": ROWS})
+            conn.execute("ANALYZE veracity_executions")
+        yield url
+    finally:
+        drop_database(pg_server_url, name)
+
+
+@pytest.mark.parametrize(("name", "params"), FILTERS, ids=[f[0] for f in FILTERS])
+def test_each_filter_reads_about_a_page_through_an_index(
+    filled: str, name: str, params: dict[str, Any]
+) -> None:
+    args = {**BASE, **params}
+    # the query PostgresStore.execution_list sends for these filters
+    query = _q("execution_list_by_status" if args["statuses"]
+               else "execution_list_by_ffqn" if args["ffqn_prefix"] else "execution_list")
+    with psycopg.connect(filled, prepare_threshold=None) as conn:
+        (plan,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query, args).fetchall()
+    top = plan[0]["Plan"]
+    read = scans(top)
+    assert read, f"{name}: veracity_executions is not read at all?"
+    kinds = {n["Node Type"] for n in read}
+    assert "Seq Scan" not in kinds, (name, kinds)
+    rows_read = sum((n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"]
+                    for n in read)
+    assert rows_read <= 10 * LIMIT, (name, rows_read, kinds)
+
+
+LIST_INDEXES = {"veracity_executions_status_created", "veracity_executions_deployment_created",
+                "veracity_executions_ffqn_created", "veracity_executions_flagged_created"}
+
+
+def test_the_lists_indexes_never_serve_a_claim(filled: str) -> None:
+    """A claim on the large table, with 500 new pending rows the statistics do not know of
+    (as in production, where pending rows are few among many ended ones), reads the due
+    rows from veracity_executions_unfinished: none of the list's indexes, which would make
+    it read every pending row, every time (and was what the planner chose, on a table of
+    a million, when the status index was keyed on status itself)."""
+    from datetime import timedelta
+
+    with psycopg.connect(filled, prepare_threshold=None) as conn:
+        conn.execute(
+            "INSERT INTO veracity_executions (id, ffqn, params, status, deployment_id, "
+            "scheduled_at, created_at, updated_at, history_seq) "
+            "SELECT gen_random_uuid(), 'bench:noop/run.fn', '[]', 'pending', 'bench', "
+            "now(), now(), now(), 1 FROM generate_series(1, 500)")
+        (plan,), = conn.execute("EXPLAIN (FORMAT JSON) " + _q("execution_claim"), {
+            "deployment_id": "bench", "now": None, "pinned": ["bench:noop/run.fn"],
+            "upgrading": [], "limit": 16, "owner": "w", "ttl": timedelta(seconds=120),
+            "from_states": ["pending"]}).fetchall()
+        conn.rollback()
+
+    def indexes(node: dict[str, Any]) -> set[str]:
+        own = {node["Index Name"]} if "Index Name" in node else set()
+        return own.union(*(indexes(c) for c in node.get("Plans", [])))
+
+    used = indexes(plan[0]["Plan"])
+    assert "veracity_executions_unfinished" in used, used
+    assert not used & LIST_INDEXES, used

@@ -1,0 +1,250 @@
+"""Store conformance: retention (``execution_prune``, docs/operations.md, Retention): what
+is deleted, with its history, messages and cron slots, and what never is. Runs unchanged
+against every backend."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.store._support import RawSQL, claim_exactly, get, new_child, submit_unique
+from tests.store.test_engine_ops import finish, running
+from veracity.clock import ManualClock
+from veracity.core.states import Status
+from veracity.models import Claim, CronDefinition, CronFire, Execution, NewExecution, PruneBatch
+from veracity.store import Store
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+DAY = timedelta(days=1)
+
+
+async def ended(store: Store, how: str = "completed") -> Execution:
+    e = await submit_unique(store)
+    await finish(store, e.id, how)
+    return await get(store, e.id)
+
+
+async def prune_all(store: Store, cutoff: datetime, *, limit: int = 500,
+                    dry_run: bool = False) -> list[PruneBatch]:
+    """Every batch of one pass, as the retention service drives them."""
+    batches: list[PruneBatch] = []
+    after = None
+    while True:
+        b = await store.execution_prune(cutoff=cutoff, limit=limit, after=after,
+                                        dry_run=dry_run)
+        if b.cursor is None:
+            return batches
+        batches.append(b)
+        after = b.cursor
+
+
+async def gone(store: Store, *ids: uuid.UUID) -> bool:
+    for i in ids:
+        if await store.execution_get(i) is not None or await store.history_list(i):
+            return False
+    return True
+
+
+async def present(store: Store, *ids: uuid.UUID) -> bool:
+    return all([await store.execution_get(i) is not None for i in ids])
+
+
+async def test_ended_executions_go_with_their_history_and_messages_the_rest_stays(
+    store: Store, clock: ManualClock, raw: RawSQL
+) -> None:
+    clock.set(T0)
+    done = await ended(store)
+    failed = await ended(store, "failed")
+    # a message sent while it ran, consumed or not, goes with it
+    claim = await running(store)
+    assert (await store.message_send(claim.execution_id, "t", {"m": 1})).changed
+    assert (await store.execution_complete_if_owned(claim, 1)).applied
+    to_cancel = await submit_unique(store, cancellable=True)
+    await store.execution_cancel(to_cancel.id)
+    cancelled = await get(store, to_cancel.id)
+    assert cancelled.status == Status.CANCELLED
+    # unfinished ones, however old: never
+    pending = await submit_unique(store)
+    paused = await submit_unique(store, paused=True)
+    run = await running(store)
+    clock.set(T0 + 10 * DAY)
+    recent = await ended(store)
+
+    olds = [done.id, failed.id, claim.execution_id, cancelled.id]
+    events = sum([len(await store.history_list(i)) for i in olds])
+    assert events >= 3 + 3 + 3 + 2  # pending, running, end; pending, cancelled
+    cutoff = T0 + 5 * DAY
+    batches = await prune_all(store, cutoff)
+
+    assert sum(b.executions for b in batches) == 4
+    assert sum(b.messages for b in batches) == 1
+    assert sum(b.history for b in batches) == events
+    assert await gone(store, *olds)
+    assert raw.scalar("SELECT count(*) FROM veracity_messages") == 0
+    assert await present(store, pending.id, paused.id, run.execution_id, recent.id)
+    # unfinished rows are not even read: only ended top-level ones are candidates
+    assert sum(b.roots for b in batches) == 4
+    assert (await get(store, run.execution_id)).status == Status.RUNNING
+    # a second pass finds nothing more
+    assert await prune_all(store, cutoff) == []
+
+
+async def test_a_dry_run_counts_and_deletes_nothing(store: Store, clock: ManualClock) -> None:
+    clock.set(T0)
+    olds = [await ended(store) for _ in range(3)]
+    clock.set(T0 + 10 * DAY)
+    batches = await prune_all(store, T0 + DAY, limit=2, dry_run=True)
+    assert [b.executions for b in batches] == [2, 1]
+    assert [(b.history, b.messages) for b in batches] == [(0, 0), (0, 0)]
+    assert await present(store, *(e.id for e in olds))
+
+
+async def test_batches_are_read_oldest_end_first_after_the_cursor(
+    store: Store, clock: ManualClock
+) -> None:
+    ids = []
+    for n in range(5):
+        clock.set(T0 + n * timedelta(hours=1))
+        ids.append((await ended(store)).id)
+    clock.set(T0 + 10 * DAY)
+    batches = await prune_all(store, T0 + timedelta(hours=3), limit=2)
+    # ended at 0h, 1h, 2h go (before the cutoff at 3h); 3h and 4h stay
+    assert [b.executions for b in batches] == [2, 1]
+    assert await gone(store, *ids[:3])
+    assert await present(store, *ids[3:])
+
+
+async def test_children_go_with_their_parent_never_before_it(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(T0)
+    parent = await running(store)
+    kids = [new_child(parent.execution_id), new_child(parent.execution_id)]
+    grandchild_parent = kids[0]
+    assert (await store.execution_spawn_if_owned(parent, kids, [])).applied
+    gp = await claim_exactly(store, grandchild_parent.id, owner="worker-k")
+    grand = new_child(grandchild_parent.id)
+    assert (await store.execution_spawn_if_owned(gp, [grand], [])).applied
+    await finish(store, grand.id)
+    assert (await store.execution_complete_if_owned(gp, "k")).applied
+    await finish(store, kids[1].id)
+    sec = timedelta(seconds=1)
+    clock.set(T0 + 10 * sec)  # within the parent's lease
+    # every child ended before the cutoff, the parent still runs: none goes
+    assert sum(b.executions for b in await prune_all(store, T0 + 5 * sec)) == 0
+    family = [parent.execution_id, kids[0].id, kids[1].id, grand.id]
+    assert await present(store, *family)
+    # the parent ends after the cutoff: still none
+    assert (await store.execution_complete_if_owned(parent, "p")).applied
+    clock.set(T0 + 20 * sec)
+    assert sum(b.executions for b in await prune_all(store, T0 + 5 * sec)) == 0
+    assert await present(store, *family)
+    # every member ended before the cutoff: the whole family goes at once
+    batches = await prune_all(store, T0 + 15 * sec)
+    assert sum(b.executions for b in batches) == 4
+    assert sum(b.roots for b in batches) == 1
+    assert await gone(store, *family)
+
+
+async def test_an_ended_parent_with_an_unfinished_child_stays(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(T0)
+    parent = await running(store)
+    kid = new_child(parent.execution_id)
+    assert (await store.execution_spawn_if_owned(parent, [kid], [])).applied
+    assert (await store.execution_complete_if_owned(parent, "p")).applied
+    assert (await get(store, kid.id)).status == Status.PENDING
+    clock.set(T0 + 10 * DAY)
+    batches = await prune_all(store, T0 + 5 * DAY)
+    assert sum(b.executions for b in batches) == 0
+    assert [b.kept for b in batches] == [{"unfinished": 1}]
+    assert await present(store, parent.execution_id, kid.id)
+
+
+def retry_new(old: Execution) -> NewExecution:
+    return NewExecution(ffqn=old.ffqn, params=old.params, deployment_id="dep-1",
+                        id=uuid.uuid4(), retry_of=old.id)
+
+
+async def test_a_retried_execution_goes_with_or_after_its_retry(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(T0)
+    old = await ended(store, "failed")
+    retry = retry_new(old)
+    assert (await store.execution_retry(old.id, retry, [])).changed
+    clock.set(T0 + 10 * DAY)
+    # the retry has not ended: the original stays, as the retry replays its calls
+    batches = await prune_all(store, T0 + 5 * DAY)
+    assert sum(b.executions for b in batches) == 0
+    assert [b.kept for b in batches] == [{"retried": 1}]
+    # the retry ends long ago too: both go, in the same batch
+    await finish(store, retry.id)
+    clock.set(T0 + 20 * DAY)
+    batches = await prune_all(store, T0 + 15 * DAY)
+    assert [b.executions for b in batches] == [2]
+    assert await gone(store, old.id, retry.id)
+
+
+async def test_a_retry_in_a_later_batch_lets_its_original_go_at_the_next_pass(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.set(T0)
+    old = await ended(store, "failed")
+    retry = retry_new(old)
+    assert (await store.execution_retry(old.id, retry, [])).changed
+    clock.set(T0 + DAY)
+    await finish(store, retry.id)
+    clock.set(T0 + 10 * DAY)
+    # one root a batch: the original is read first, while its retry stays; then the retry
+    batches = await prune_all(store, T0 + 5 * DAY, limit=1)
+    assert [b.executions for b in batches] == [0, 1]
+    assert await present(store, old.id)
+    assert await gone(store, retry.id)
+    assert [b.executions for b in await prune_all(store, T0 + 5 * DAY, limit=1)] == [1]
+    assert await gone(store, old.id)
+
+
+async def test_the_latest_slot_of_a_cron_entry_stays(
+    store: Store, clock: ManualClock, raw: RawSQL
+) -> None:
+    clock.set(T0)
+    await store.cron_register([CronDefinition("job", "* * * * *", "UTC")])
+    fires = [CronFire("job", T0 + timedelta(minutes=m), NewExecution(
+        ffqn="app:cron/job.run", params=[], deployment_id="dep-1", id=uuid.uuid4()))
+        for m in (1, 2)]
+    clock.set(T0 + timedelta(minutes=3))
+    assert len(await store.cron_fire(fires)) == 2
+    for f in fires:
+        await complete_cron(store, f.execution.id)
+    clock.set(T0 + 10 * DAY)
+    batches = await prune_all(store, T0 + 5 * DAY)
+    assert sum(b.executions for b in batches) == 1
+    assert await gone(store, fires[0].execution.id)
+    assert await present(store, fires[1].execution.id)
+    assert raw.scalar("SELECT count(*) FROM veracity_cron_slots") == 1
+    record = (await store.cron_records(["job"]))["job"]
+    assert record.last_execution_id == fires[1].execution.id
+
+
+async def complete_cron(store: Store, execution_id: uuid.UUID) -> None:
+    """Complete a cron execution (its name is shared, so claim it by deployment)."""
+    claimed = await store.execution_claim("worker-c", ["app:cron/job.run"], limit=1,
+                                          lease_ttl=timedelta(seconds=30))
+    assert [c.id for c in claimed] == [execution_id]
+    claim = Claim(claimed[0].id, "worker-c", claimed[0].lease_epoch)
+    assert (await store.execution_complete_if_owned(claim, 1)).applied
+
+
+@pytest.mark.parametrize("bad", [
+    {"cutoff": datetime(2030, 1, 1)},  # naive: which zone?
+    {"cutoff": T0, "limit": 0},
+    {"cutoff": T0, "after": (datetime(2030, 1, 1), uuid.uuid4())},
+])
+async def test_bad_calls_are_refused_before_reading(store: Store, bad: dict[str, object]
+                                                     ) -> None:
+    with pytest.raises(ValueError):
+        await store.execution_prune(**bad)  # type: ignore[arg-type]
