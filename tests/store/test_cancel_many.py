@@ -5,9 +5,12 @@ Runs unchanged against every backend.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections import Counter
 
 from tests.store._support import (
+    StoreFactory,
     assert_history_intact,
     claim_exactly,
     get,
@@ -108,3 +111,25 @@ async def test_a_tree_is_cancelled_as_a_single_cancel_cancels_it(
     assert r.status == Status.CANCELLED and results[0].execution == r
     assert (await get(store, alone.id)).status == Status.CANCELLED
     await assert_history_intact(store, root.id)
+
+
+async def test_overlapping_batches_at_once_each_cancel_once(
+    store: Store, open_extra_store: StoreFactory
+) -> None:
+    """Two connections cancel overlapping sets, given in opposite orders, at once: both
+    answer (rows are locked in id order, so neither waits on the other in a cycle), every
+    execution is cancelled once, with one pair of events."""
+    executions = [await submit_unique(store, cancellable=True) for _ in range(40)]
+    ids = [e.id for e in executions]
+    one, two = await open_extra_store(), await open_extra_store()
+    first, second = await asyncio.gather(
+        one.execution_cancel_many(ids[:30], actor="one"),
+        two.execution_cancel_many(list(reversed(ids[10:])), actor="two"))
+    assert all(r.execution is not None and r.execution.status == Status.CANCELLED
+               for r in first + second)
+    changed = Counter(r.execution.id for r in first + second if r.changed
+                      and r.execution is not None)
+    assert sorted(changed) == sorted(ids) and set(changed.values()) == {1}
+    for ident in ids:
+        events = await assert_history_intact(store, ident)
+        assert [e.kind for e in events].count("cancelled") == 1
