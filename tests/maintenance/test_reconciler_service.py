@@ -101,6 +101,17 @@ def test_every_series_is_exported_at_zero_from_the_start() -> None:
         assert m.sample("actions_total", kind=kind) == 0.0, kind
 
 
+async def test_tick_durations_are_counted_in_the_documented_buckets() -> None:
+    """docs/external.md lists the buckets of ``veracity_reconciler_tick_duration_seconds``
+    (a dashboard's quantiles are read from them)."""
+    m = Metrics()
+    bounds = [s.labels["le"] for metric in m.registry.collect()
+              if metric.name == "veracity_reconciler_tick_duration_seconds"
+              for s in metric.samples if s.name.endswith("_bucket")]
+    assert bounds == ["0.01", "0.05", "0.1", "0.5", "1.0", "2.0", "5.0", "10.0", "30.0",
+                      "60.0", "120.0", "+Inf"]
+
+
 async def test_the_defaults_are_the_configurations(store: Store) -> None:
     defaults = Settings().reconciler
     s = ReconcilerService(store, {}, {})
