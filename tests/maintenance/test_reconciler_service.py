@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -129,7 +130,9 @@ async def test_a_tick_reads_every_page_and_applies_what_the_looks_decided(
     engine = Engine({runs[1]: FINISHED, runs[4]: FINISHED})
     m = Metrics()
 
+    before = time.monotonic()
     result = await service(store, engine, m, page_size=2).run_once()
+    took = time.monotonic() - before
 
     assert (result.ran, result.examined, result.lock_lost) == (True, 6, False)
     assert sorted((str(a.kind), a.execution_id) for a in result.actions) == sorted(
@@ -142,6 +145,8 @@ async def test_a_tick_reads_every_page_and_applies_what_the_looks_decided(
     assert m.sample("actions_total", kind="flag") == 1
     assert m.sample("ticks_total", outcome="ran") == 1
     assert m.sample("tick_duration_seconds_count") == 1
+    recorded = m.sample("tick_duration_seconds_sum")
+    assert recorded is not None and 0 < recorded <= took  # the tick's own duration
     # a full last page is followed by an empty one, which ends the tick
     assert (await service(store, Engine(), Metrics(), page_size=3).run_once()).examined == 4
 
