@@ -307,6 +307,7 @@ class _FreezableRelay:
         self.silent_connections = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -320,12 +321,14 @@ class _FreezableRelay:
         return urlunsplit(parts._replace(netloc=netloc))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         if self.frozen:
             self.silent_connections += 1
             await reader.read()  # never answers; returns when the client hangs up
             writer.close()
             return
         up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self._writers.add(up_writer)
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             try:
@@ -348,6 +351,10 @@ class _FreezableRelay:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        # every socket of both sides closed here, none left to the garbage collector
+        for writer in self._writers:
+            writer.close()
+        await asyncio.gather(*(w.wait_closed() for w in self._writers), return_exceptions=True)
         await self._server.wait_closed()
 
 
