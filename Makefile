@@ -34,7 +34,7 @@ test: lint ## Lint, then the whole test suite on one process per core (needs Pos
 bench: $(STAMP) ## Benchmarks (not part of the tests); see bench/README.md
 	$(BIN)/python -m bench
 
-mutation: $(STAMP) ## Mutation testing of the core, recovery, locks, fenced writes, heartbeat (not part of the tests; ~2 h; see docs/testing.md)
+mutation: $(STAMP) ## Mutation testing of the core, recovery, locks, fenced writes, heartbeat (not part of the tests; ~1.5 h; see docs/testing.md)
 	nice -n 10 $(BIN)/python tools/mutation.py $(MODULES)
 
 SEED ?= 1
