@@ -49,3 +49,23 @@ def test_a_trailing_newline_is_not_part_of_a_name(text: str) -> None:
         validate_ffqn(text)
     with pytest.raises(InvalidFfqn):
         validate_ffqn_prefix(text)
+
+
+@pytest.mark.parametrize("prefix", ["shop", "shop:", "shop:orders", "shop:orders/",
+                                    "shop:orders/pro", "shop:orders/process.",
+                                    "shop:orders/process.run", "a" * 512])
+def test_every_beginning_of_a_name_is_a_valid_prefix(prefix: str) -> None:
+    assert validate_ffqn_prefix(prefix) == prefix
+
+
+@pytest.mark.parametrize(("prefix", "words"), [
+    ("", "cannot be empty"),
+    ("a" * 513, "longer than 512 characters"),
+    ("Shop", "cannot begin a workflow name"),
+    (":orders", "cannot begin a workflow name"),
+    ("shop:/", "cannot begin a workflow name"),
+    ("shop:orders/process.run/", "cannot begin a workflow name"),
+])
+def test_a_prefix_no_name_begins_with_is_refused_saying_why(prefix: str, words: str) -> None:
+    with pytest.raises(InvalidFfqn, match=words):
+        validate_ffqn_prefix(prefix)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -101,6 +102,17 @@ def test_every_series_is_exported_at_zero_from_the_start() -> None:
         assert m.sample("actions_total", kind=kind) == 0.0, kind
 
 
+async def test_tick_durations_are_counted_in_the_documented_buckets() -> None:
+    """docs/external.md lists the buckets of ``veracity_reconciler_tick_duration_seconds``
+    (a dashboard's quantiles are read from them)."""
+    m = Metrics()
+    bounds = [s.labels["le"] for metric in m.registry.collect()
+              if metric.name == "veracity_reconciler_tick_duration_seconds"
+              for s in metric.samples if s.name.endswith("_bucket")]
+    assert bounds == ["0.01", "0.05", "0.1", "0.5", "1.0", "2.0", "5.0", "10.0", "30.0",
+                      "60.0", "120.0", "+Inf"]
+
+
 async def test_the_defaults_are_the_configurations(store: Store) -> None:
     defaults = Settings().reconciler
     s = ReconcilerService(store, {}, {})
@@ -118,7 +130,9 @@ async def test_a_tick_reads_every_page_and_applies_what_the_looks_decided(
     engine = Engine({runs[1]: FINISHED, runs[4]: FINISHED})
     m = Metrics()
 
+    before = time.monotonic()
     result = await service(store, engine, m, page_size=2).run_once()
+    took = time.monotonic() - before
 
     assert (result.ran, result.examined, result.lock_lost) == (True, 6, False)
     assert sorted((str(a.kind), a.execution_id) for a in result.actions) == sorted(
@@ -131,6 +145,8 @@ async def test_a_tick_reads_every_page_and_applies_what_the_looks_decided(
     assert m.sample("actions_total", kind="flag") == 1
     assert m.sample("ticks_total", outcome="ran") == 1
     assert m.sample("tick_duration_seconds_count") == 1
+    recorded = m.sample("tick_duration_seconds_sum")
+    assert recorded is not None and 0 < recorded <= took  # the tick's own duration
     # a full last page is followed by an empty one, which ends the tick
     assert (await service(store, Engine(), Metrics(), page_size=3).run_once()).examined == 4
 

@@ -353,10 +353,10 @@ class _FreezableRelay:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        # every socket of both sides closed here, none left to the garbage collector
         for writer in self._writers:
             writer.close()
-        await asyncio.gather(*(w.wait_closed() for w in self._writers),
-                             return_exceptions=True)
+        await asyncio.gather(*(w.wait_closed() for w in self._writers), return_exceptions=True)
         await self._server.wait_closed()
 
 

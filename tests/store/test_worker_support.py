@@ -220,9 +220,12 @@ async def test_lease_renew_extends_exactly_the_leases_still_held(
 
     at = clock.advance(TTL / 2)
     longer = timedelta(seconds=90)
+    # the leases no longer held come before, between and after the held ones: each is
+    # passed over, and the rest still renewed
     renewed = await store.lease_renew(
         "w",
-        [*held, stale, finished, Claim(theirs.execution_id, "w", theirs.epoch), unknown],
+        [stale, held[0], finished, held[1], Claim(theirs.execution_id, "w", theirs.epoch),
+         held[2], unknown],
         longer,
     )
 
