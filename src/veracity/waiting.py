@@ -27,6 +27,8 @@ RECHECK = 1.0
 LINGER = 10.0
 """Seconds the listener stays after the last waiter left (the next long poll of a
 client that waits in a loop finds it ready)."""
+CLOSE_WAIT = 5.0
+"""Seconds :meth:`EndWaits.close` lets the released listener end by itself."""
 
 
 class EndWaits:
@@ -88,8 +90,12 @@ class EndWaits:
     async def close(self) -> None:
         self.release()
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            # released, the listener ends by itself and closes its connection; cancelled
+            # only if it does not (a cancel in the middle of its cleanup could leak it)
+            done, _ = await asyncio.wait({self._task}, timeout=CLOSE_WAIT)
+            if not done:
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
     def _start(self) -> None:

@@ -640,8 +640,10 @@ class PostgresStore(SharedMethods):
             yield lambda: not reader.done()
         finally:
             reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-            await conn.close()
+            try:
+                await asyncio.gather(reader, return_exceptions=True)
+            finally:  # closed even if the caller is cancelled meanwhile
+                await conn.close()
 
     async def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
         conn = await psycopg.AsyncConnection.connect(
