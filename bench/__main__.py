@@ -13,6 +13,7 @@ from bench import (
     engine,
     generations,
     reconciler,
+    scaling,
     startup,
     submit,
     wakeups,
@@ -27,6 +28,7 @@ def main() -> None:
     batch.main([])
     startup.main([])
     workers.main([])
+    scaling.main([])
     engine.main([])
     reconciler.main([])
     wakeups.main([])
