@@ -9,7 +9,7 @@ export VERACITY_APP ?= veracity.examples.shop:app
 .PHONY: help install run test lint bench bench-peers mutation soak clean
 
 help: ## Show the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is needed" if sys.version_info < (3, 11) else 0)'
@@ -53,4 +53,4 @@ soak: $(STAMP) ## The seeded fault soak and its invariant check (SEED=1 MINUTES=
 	$(BIN)/python -m bench.soak --seed $(SEED) --minutes $(MINUTES)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .mutation
+	rm -rf $(VENV) $(PEERS) .mypy_cache .ruff_cache .pytest_cache .mutation
