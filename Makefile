@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 export VERACITY_APP ?= veracity.examples.shop:app
 
-.PHONY: help install run test lint bench mutation soak clean
+.PHONY: help install run test lint bench bench-peers mutation soak clean
 
 help: ## Show the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is needed" if sys.version_info < (3, 11) else 0)'
@@ -34,6 +34,16 @@ test: lint ## Lint, then the whole test suite on one process per core (needs Pos
 bench: $(STAMP) ## Benchmarks (not part of the tests); see bench/README.md
 	$(BIN)/python -m bench
 
+PEERS := .venv-peers
+$(PEERS)/.installed: pyproject.toml
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS)/bin/python -m pip install --quiet -e . pgqueuer==1.6.0 procrastinate==3.10.0 dbos==3.4.0
+	touch $(PEERS)/.installed
+
+bench-peers: $(PEERS)/.installed ## Veracity beside PGQueuer, Procrastinate, DBOS and a plain queue (own venv; bench/README.md)
+	nice $(PEERS)/bin/python -m bench.peers $(ARGS)
+
 mutation: $(STAMP) ## Mutation testing of the core, recovery, locks, fenced writes, heartbeat (not part of the tests; ~1.5 h; see docs/testing.md)
 	nice -n 10 $(BIN)/python tools/mutation.py $(MODULES)
 
@@ -43,4 +53,4 @@ soak: $(STAMP) ## The seeded fault soak and its invariant check (SEED=1 MINUTES=
 	$(BIN)/python -m bench.soak --seed $(SEED) --minutes $(MINUTES)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .mutation
+	rm -rf $(VENV) $(PEERS) .mypy_cache .ruff_cache .pytest_cache .mutation

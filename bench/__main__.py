@@ -14,6 +14,7 @@ from bench import (
     generations,
     growth,
     reconciler,
+    scaling,
     startup,
     submit,
     waiting,
@@ -29,6 +30,7 @@ def main() -> None:
     batch.main([])
     startup.main([])
     workers.main([])
+    scaling.main([])
     engine.main([])
     reconciler.main([])
     wakeups.main([])

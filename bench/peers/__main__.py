@@ -1,0 +1,262 @@
+"""``python -m bench.peers`` (``make bench-peers``): the same workloads on Veracity at its
+defaults, PGQueuer, Procrastinate, DBOS (default polling and 10 ms) and a plain-SQL
+SKIP LOCKED queue (the ceiling), each in its own scratch database on one PostgreSQL,
+interleaved (round 1 of every system, then round 2, ...), median of the rounds.
+
+Workloads (one fresh database each):
+- enqueue: ``--jobs`` jobs submitted one call at a time by one client; jobs/s.
+- no-op 1 / 2 workers: those jobs, then 1 (or 2) worker processes started; jobs/s is
+  the jobs finished between the first poll that saw one finished and the poll that saw
+  none left, over that time (polled every 50 ms by the harness).
+- submit-to-start: one idle worker, ``--samples`` jobs one at a time 20 ms apart; the job's
+  start mark (``time.time()`` in the worker) minus the submitter's time before the call.
+- 3-step workflows: ``--steps-jobs`` workflows of three checkpointed steps, one worker; n/a
+  for systems without steps.
+- kill -9: 16 jobs of 2 s on one worker (lease / heartbeat / stalled threshold 5 s), the
+  worker killed with SIGKILL once all have started, a replacement started at once; the
+  time from the kill to none left; duplicates (a job finished twice) and losses (never
+  finished) from the jobs' done marks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata
+
+import psycopg
+
+from bench._util import scratch_pg_database
+from bench.peers.jobs import read_marks
+from bench.peers.systems import SYSTEMS, System
+
+RECOVERY_JOBS = 16
+
+
+@contextmanager
+def workers(system: System, url: str, n: int, job: str, recovery: bool = False,
+            marks: str = "") -> Iterator[list[subprocess.Popen[bytes]]]:
+    argv, env = system.worker_argv(url, job, recovery)
+    if marks:
+        env["BENCH_MARKS"] = marks
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def remaining(conn: psycopg.Connection[tuple[int]], system: System) -> int:
+    row = conn.execute(system.remaining_sql).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def drain(system: System, url: str, n: int, timeout: float = 120) -> float | None:
+    """Jobs/s while draining ``n`` jobs (see the module's doc); None if not all finished."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        deadline = time.monotonic() + timeout
+        first: tuple[float, int] | None = None
+        while time.monotonic() < deadline:
+            left = remaining(conn, system)
+            now = time.monotonic()
+            if first is None and left < n:
+                first = (now, left)
+            if left == 0:
+                assert first is not None
+                return (first[1]) / (now - first[0]) if now > first[0] else None
+            time.sleep(0.05)
+    return None
+
+
+async def submit_all(system: System, url: str, items: list[tuple[str, str]],
+                     gap: float = 0.0) -> tuple[float, dict[str, float]]:
+    """(jobs/s, {key: time before its call})."""
+    sent: dict[str, float] = {}
+    async with system.submitter(url, items[0][0]) as submit:
+        await submit(items[0][0], "warm-up")
+        began = time.perf_counter()
+        for kind, key in items:
+            sent[key] = time.time()
+            await submit(kind, key)
+            if gap:
+                await asyncio.sleep(gap)
+        elapsed = time.perf_counter() - began
+    return len(items) / elapsed, sent
+
+
+def fresh(system: System) -> Iterator[str]:
+    with scratch_pg_database() as url:
+        asyncio.run(system.setup(url))
+        yield url
+
+
+def throughput(system: System, n: int, procs: int, job: str = "noop") -> tuple[float, float | None]:
+    """(enqueue jobs/s, drain jobs/s)."""
+    for url in fresh(system):
+        rate, _ = asyncio.run(submit_all(system, url, [(job, f"k{i}") for i in range(n)]))
+        # the warm-up job counts too
+        with workers(system, url, procs, job):
+            return rate, drain(system, url, n + 1)
+    raise AssertionError
+
+
+def latency(system: System, samples: int) -> tuple[float, float, int]:
+    for url in fresh(system):
+        with tempfile.TemporaryDirectory() as tmp:
+            marks = os.path.join(tmp, "marks")
+            with workers(system, url, 1, "mark", marks=marks):
+                time.sleep(3.0)  # started and idle
+                _, sent = asyncio.run(submit_all(
+                    system, url, [("mark", f"k{i}") for i in range(samples)], gap=0.02))
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    started = read_marks(marks)["start"]
+                    if all(k in started for k in sent):
+                        break
+                    time.sleep(0.1)
+            started = read_marks(marks)["start"]
+            values = sorted((started[k][0] - t) * 1000 for k, t in sent.items() if k in started)
+            q = statistics.quantiles(values, n=100, method="inclusive")
+            return q[49], q[98], samples - len(values)
+    raise AssertionError
+
+
+def recovery(system: System) -> tuple[float | None, int, int]:
+    """(seconds from the kill to none left, duplicates, losses)."""
+    for url in fresh(system):
+        with tempfile.TemporaryDirectory() as tmp:
+            marks = os.path.join(tmp, "marks")
+            keys = [f"k{i}" for i in range(RECOVERY_JOBS)]
+            asyncio.run(submit_all(system, url, [("slow", k) for k in keys]))
+            with workers(system, url, 1, "slow", recovery=True, marks=marks) as (victim,):
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    if all(k in read_marks(marks)["start"] for k in keys):
+                        break
+                    time.sleep(0.02)
+                victim.send_signal(signal.SIGKILL)
+                killed = time.monotonic()
+            took: float | None = None
+            with workers(system, url, 1, "slow", recovery=True, marks=marks), \
+                    psycopg.connect(url, autocommit=True) as conn:
+                deadline = time.monotonic() + 90
+                while time.monotonic() < deadline:
+                    if remaining(conn, system) == 0:
+                        took = time.monotonic() - killed
+                        break
+                    time.sleep(0.05)
+                time.sleep(SLOW_GRACE)
+            done = read_marks(marks)["done"]
+            done.pop("warm-up", None)
+            dups = sum(1 for k in keys if len(done.get(k, [])) > 1)
+            lost = sum(1 for k in keys if k not in done)
+            return took, dups, lost
+    raise AssertionError
+
+
+SLOW_GRACE = 2.5  # after none is left, a redone job still running would mark itself done
+
+
+def fmt(values: list[float | None], unit: str = "") -> str:
+    got = [v for v in values if v is not None]
+    if not got:
+        return "failed"
+    text = f"{statistics.median(got):,.0f}{unit}" if unit != " s" else \
+        f"{statistics.median(got):.1f} s"
+    if len(got) < len(values):
+        text += f" ({len(values) - len(got)} of {len(values)} failed)"
+    return text
+
+
+def total(values: list[float | None]) -> float:
+    return float(sum(v for v in values if v is not None))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--steps-jobs", type=int, default=1000)
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--only", nargs="*", help="system kinds to run (default: all)")
+    args = parser.parse_args(argv)
+    systems = [s for s in SYSTEMS if not args.only or s.kind in args.only]
+    versions = []
+    for dist in ("veracity", "pgqueuer", "procrastinate", "dbos"):
+        try:
+            versions.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{dist} not installed")
+    with psycopg.connect(os.environ.get("VERACITY_BENCH_DATABASE_URL",
+                                        "postgresql://postgres@127.0.0.1:5432/postgres")) as c:
+        row = c.execute("SHOW server_version").fetchone()
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.machine()}, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}, PostgreSQL "
+          f"{row[0] if row else '?'}; {', '.join(versions)}; load average "
+          f"{os.getloadavg()[0]:.1f} at the start; {args.rounds} round(s), median")
+    results: dict[str, dict[str, list[float | None]]] = {s.name: {} for s in systems}
+
+    def add(system: System, what: str, value: float | None) -> None:
+        results[system.name].setdefault(what, []).append(value)
+
+    for r in range(args.rounds):
+        for system in systems:
+            started = time.monotonic()
+            enq, rate1 = throughput(system, args.jobs, 1)
+            add(system, "enqueue", enq)
+            add(system, "noop1", rate1)
+            enq, rate2 = throughput(system, args.jobs, 2)
+            add(system, "enqueue", enq)
+            add(system, "noop2", rate2)
+            p50, p99, missed = latency(system, args.samples)
+            add(system, "p50", p50)
+            add(system, "p99", p99)
+            add(system, "missed", float(missed))
+            if system.has_steps:
+                _, steps = throughput(system, args.steps_jobs, 1, job="steps")
+                add(system, "steps", steps)
+            took, dups, lost = recovery(system)
+            add(system, "recovery", took)
+            add(system, "dups", float(dups))
+            add(system, "lost", float(lost))
+            print(f"# round {r + 1} {system.name}: {time.monotonic() - started:.0f} s, "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+    print("| system | no-op jobs/s, 1 worker | 2 workers | enqueue jobs/s (one call each) "
+          "| submit-to-start p50 / p99 | 3-step workflows/s | kill -9: kill to all done "
+          "| duplicates / losses (kill -9, all rounds) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for system in systems:
+        res = results[system.name]
+        p50 = statistics.median(v for v in res["p50"] if v is not None)
+        p99 = statistics.median(v for v in res["p99"] if v is not None)
+        never = total(res["missed"])
+        steps_text = fmt(res["steps"]) if system.has_steps else "n/a (no steps)"
+        print(f"| {system.name} | {fmt(res['noop1'])} | {fmt(res['noop2'])} | "
+              f"{fmt(res['enqueue'])} | {p50:.2f} / {p99:.2f} ms"
+              f"{f' ({never:.0f} never started)' if never else ''} | {steps_text} | "
+              f"{fmt(res['recovery'], ' s')} | {total(res['dups']):.0f} / "
+              f"{total(res['lost']):.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The systems compared: how each one's schema is made, how a job is submitted (one call
+each, through its documented public API), how its worker process is started, and how many
+of its jobs are left. The peers are imported only here and in ``worker.py``, inside
+functions: they are installed in ``.venv-peers`` (``make bench-peers``), never in ``.venv``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE_SECONDS = 5.0  # every system's lease / heartbeat / recovery threshold in the kill -9 test
+
+Submit = Callable[[str, str], Coroutine[Any, Any, None]]
+
+PLAIN_SCHEMA = """
+CREATE TABLE plain_jobs (
+    id bigserial PRIMARY KEY,
+    kind text NOT NULL,
+    key text NOT NULL,
+    locked_until timestamptz
+);
+CREATE FUNCTION plain_notify() RETURNS trigger LANGUAGE plpgsql AS
+$$ BEGIN PERFORM pg_notify('plain_jobs', ''); RETURN NULL; END $$;
+CREATE TRIGGER plain_jobs_notify AFTER INSERT ON plain_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION plain_notify();
+"""
+
+
+@dataclass(frozen=True)
+class System:
+    name: str  # as in the table
+    kind: str  # plain, veracity, pgqueuer, procrastinate, dbos
+    remaining_sql: str  # jobs not finished yet
+    has_steps: bool = False
+    dbos_polling: float = 1.0
+
+    def worker_argv(self, url: str, job: str, recovery: bool) -> tuple[list[str], dict[str, str]]:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        if self.kind == "veracity":
+            env.update(VERACITY_DATABASE_URL=url, VERACITY_APP="bench.peers.vapp:app",
+                       VERACITY_DEPLOYMENT_ID="bench", VERACITY_LOG_LEVEL="warning")
+            if recovery:
+                env.update(VERACITY_LEASE_TTL=f"{LEASE_SECONDS:g}s",
+                           VERACITY_RECOVERY_INTERVAL="1s")
+            veracity = str(Path(sys.executable).parent / "veracity")
+            return [veracity, "worker"], env
+        argv = [sys.executable, "-m", "bench.peers.worker", self.kind, job, url,
+                "--dbos-polling", str(self.dbos_polling)]
+        if recovery:
+            argv.append("--recovery")
+        return argv, env
+
+    async def setup(self, url: str) -> None:
+        if self.kind == "plain":
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                await conn.execute(PLAIN_SCHEMA.encode())
+        elif self.kind == "veracity":
+            from veracity.store import open_store
+
+            store = await open_store(url)
+            await store.migrate()
+            await store.close()
+        elif self.kind == "pgqueuer":
+            from pgqueuer import PsycopgDriver, Queries
+
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                await Queries(PsycopgDriver(conn)).install()
+        elif self.kind == "procrastinate":
+            app = procrastinate_app(url)
+            async with app.open_async():
+                await app.schema_manager.apply_schema_async()
+        elif self.kind == "dbos":
+            # the documented way to create DBOS's system tables before a client enqueues
+            dbos = str(Path(sys.executable).parent / "dbos")
+            subprocess.run([dbos, "migrate", "--sys-db-url", url], check=True,
+                           capture_output=True)
+
+    @asynccontextmanager
+    async def submitter(self, url: str, job: str) -> AsyncIterator[Submit]:
+        """``submit(job_kind, key)``: one job per call, durable when it returns."""
+        if self.kind == "plain":
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                async def plain(kind: str, key: str) -> None:
+                    await conn.execute("INSERT INTO plain_jobs (kind, key) VALUES (%s, %s)",
+                                       [kind, key])
+                yield plain
+        elif self.kind == "veracity":
+            from bench._util import server
+            from veracity import AsyncClient
+
+            with server(url, app="bench.peers.vapp:app",
+                        extra_env={"VERACITY_DEPLOYMENT_ID": "bench"}) as base:
+                async with AsyncClient(base, timeout=60) as client:
+                    async def veracity(kind: str, key: str) -> None:
+                        if kind == "steps":
+                            await client.submit("bench:peers/steps.fn", key)
+                        else:
+                            await client.submit("bench:peers/job.fn", kind, key)
+                    yield veracity
+        elif self.kind == "pgqueuer":
+            from pgqueuer import PsycopgDriver, Queries
+
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                queries = Queries(PsycopgDriver(conn))
+
+                async def pgqueuer(kind: str, key: str) -> None:
+                    await queries.enqueue("job", json.dumps({"kind": kind, "key": key}).encode())
+                yield pgqueuer
+        elif self.kind == "procrastinate":
+            app = procrastinate_app(url)
+            async with app.open_async():
+                task = app.tasks["job"]
+
+                async def procrastinate(kind: str, key: str) -> None:
+                    await task.defer_async(kind=kind, key=key)
+                yield procrastinate
+        elif self.kind == "dbos":
+            from dbos import DBOSClient
+
+            client = DBOSClient(system_database_url=url)
+            try:
+                async def dbos(kind: str, key: str) -> None:
+                    if kind == "steps":
+                        await client.enqueue_async(
+                            {"queue_name": "bench", "workflow_name": "three_steps"}, key)
+                    else:
+                        await client.enqueue_async(
+                            {"queue_name": "bench", "workflow_name": "job"}, kind, key)
+                yield dbos
+            finally:
+                client.destroy()
+
+
+def procrastinate_app(url: str) -> Any:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name="job")
+    async def job(kind: str, key: str) -> None:
+        from bench.peers import jobs
+
+        await jobs.run(kind, key)
+
+    return app
+
+
+SYSTEMS = [
+    System("plain SKIP LOCKED", "plain", "SELECT count(*) FROM plain_jobs"),
+    System("Veracity", "veracity",
+           "SELECT count(*) FROM veracity_executions WHERE status <> 'completed'",
+           has_steps=True),
+    System("PGQueuer", "pgqueuer", "SELECT count(*) FROM pgqueuer"),
+    System("Procrastinate", "procrastinate",
+           "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"),
+    System("DBOS (default 1 s polling)", "dbos",
+           "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('ENQUEUED', 'PENDING')",
+           has_steps=True, dbos_polling=1.0),
+    System("DBOS (10 ms polling)", "dbos",
+           "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('ENQUEUED', 'PENDING')",
+           has_steps=True, dbos_polling=0.01),
+]
