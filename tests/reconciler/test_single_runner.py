@@ -237,9 +237,16 @@ async def test_a_tick_that_lost_its_lock_stops_acting(
         tick = asyncio.create_task(svcs[0].run_once())
         holders = await eventually(lambda: advisory_holders(pg_url), timeout=5,
                                    what="the tick holding its advisory lock")
-        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
-            await conn.execute("SELECT pg_terminate_backend(%s, 10000)", (holders[0],))
-        killed_at = time.monotonic()
+
+        def terminate() -> float:
+            # from a thread: the moment the session is gone is read as it is known, not
+            # when this test's coroutine next runs (the tick's coroutines share its loop:
+            # a lock check answered just before the kill may go on to its stop first)
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute("SELECT pg_terminate_backend(%s, 10000)", (holders[0],))
+                return time.monotonic()
+
+        killed_at = await asyncio.to_thread(terminate)
         second = await svcs[1].run_once()  # the lock is free: another runner takes it
         await asyncio.wait_for(tick, 20)
     finally:
