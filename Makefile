@@ -28,8 +28,11 @@ lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff check src tests bench tools examples
 	$(BIN)/mypy
 
+# The tests start hundreds of veracity processes: they must find Veracity's modules compiled,
+# so PYTHONDONTWRITEBYTECODE (set on some CI machines) is cleared for them (an empty value is
+# "not set" to Python).
 test: lint ## Lint, then the whole test suite on one process per core (needs PostgreSQL; see README)
-	$(BIN)/python -m pytest -n auto
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n auto
 
 bench: $(STAMP) ## Benchmarks (not part of the tests); see bench/README.md
 	$(BIN)/python -m bench

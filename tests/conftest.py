@@ -19,7 +19,10 @@ as real, but a commit's fsync no longer waits for a disk that other work may be 
 Under pytest-xdist (``make test``), tests marked ``slow`` (they start several processes and
 wait on them with deadlines of seconds) all go to one worker (``xdist_group``) and each runs
 alone: the other workers start no test until it has ended (``RunLock``). So they run as in a
-serial run, while every other test runs side by side.
+serial run, while every other test runs side by side. A slow test marked
+``slow(alone=False)`` (the soak: minutes of a fixed schedule, with no deadline a busy machine
+could miss) stays in that group, so no other slow test runs beside it, but the other workers
+go on with their tests while it runs.
 
 Fixtures are synchronous (the async store calls run in ``asyncio.run`` on a helper thread) so
 they never touch pytest-asyncio's per-test event loops.
@@ -133,8 +136,14 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
     lock = _run_lock(item.config)
     if lock is None:
         return (yield)
-    with lock.hold(exclusive=item.get_closest_marker("slow") is not None):
+    with lock.hold(exclusive=runs_alone(item)):
         return (yield)
+
+
+def runs_alone(item: pytest.Item) -> bool:
+    """A test marked ``slow`` runs alone unless it says ``slow(alone=False)``."""
+    marker = item.get_closest_marker("slow")
+    return marker is not None and bool(marker.kwargs.get("alone", True))
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
