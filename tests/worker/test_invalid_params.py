@@ -198,7 +198,7 @@ async def test_uncaught_it_fails_the_execution_with_its_message(store: Store) ->
         done = await wait_status(store, parent.id, Status.COMPLETED, Status.FAILED)
     assert done.status == Status.FAILED
     assert isinstance(done.error, dict)
-    assert done.error["type"] == "InvalidParams"
+    assert (done.error["code"], done.error["type"]) == ("workflow_error", "InvalidParams")
     assert done.error["message"] == message(
         "ctx.call", TWO, "it takes exactly 2 params (order, amount); got 1: missing amount")
     assert spawns(await history(store, parent.id)) == []
