@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from veracity.worker.context import Context
     from veracity.worker.errors import (
         ExecutionInterrupted,
+        InvalidParams,
         NondeterminismError,
         NotJSONError,
         StepFailed,
@@ -39,6 +40,7 @@ _WHERE: dict[str, str] = {
     "Status": "veracity.core.states",
     "Context": "veracity.worker.context",
     "ExecutionInterrupted": "veracity.worker.errors",
+    "InvalidParams": "veracity.worker.errors",
     "NondeterminismError": "veracity.worker.errors",
     "NotJSONError": "veracity.worker.errors",
     "StepFailed": "veracity.worker.errors",
@@ -63,6 +65,7 @@ __all__ = [
     "ExecutionInterrupted",
     "HttpOutsideStep",
     "HttpRefused",
+    "InvalidParams",
     "NondeterminismError",
     "NotJSONError",
     "RetryPolicy",

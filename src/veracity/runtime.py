@@ -15,7 +15,7 @@ from veracity.app import App, load_app
 from veracity.config import Settings
 from veracity.control import ExecutionService
 from veracity.core.cron import CronEntry, parse_cron_entries
-from veracity.core.params import ParamsShape
+from veracity.core.params import ParamsShape, shapes_of_functions
 from veracity.store import Store, open_store
 
 
@@ -63,20 +63,18 @@ def workflows_of(app: App | None, external: ExternalConfig) -> set[str]:
 
 def cron_entries(settings: Settings, app: App | None, external: ExternalConfig
                  ) -> list[CronEntry]:
-    """The ``[[cron]]`` entries, validated against the workflows this configuration has;
-    a ConfigError names the entry at fault."""
+    """The ``[[cron]]`` entries, validated against the workflows this configuration has
+    (and their params against the signatures of the app's workflows); a ConfigError names
+    the entry at fault."""
     return parse_cron_entries(settings.cron, workflows=workflows_of(app, external),
-                              max_payload_bytes=settings.max_payload_bytes)
+                              max_payload_bytes=settings.max_payload_bytes,
+                              shapes=shapes_of(app))
 
 
 def shapes_of(app: App | None) -> dict[str, ParamsShape]:
     """The parameters each of the app's workflows takes (checked at submission)."""
-    out: dict[str, ParamsShape] = {}
-    for ffqn, wf in (app.workflows if app else {}).items():
-        shape = ParamsShape.of(wf.fn)
-        if shape is not None:
-            out[ffqn] = shape
-    return out
+    return shapes_of_functions({ffqn: wf.fn for ffqn, wf in
+                                (app.workflows if app else {}).items()})
 
 
 def deployment_id_for(settings: Settings, app: App | None) -> str:

@@ -22,6 +22,7 @@ from veracity.core.cron import (
     decide,
     parse_cron_entries,
 )
+from veracity.core.params import ParamsShape
 from veracity.errors import ConfigError
 
 S = timedelta(seconds=1)
@@ -473,6 +474,48 @@ def test_a_bad_entry_names_itself(entries: list[object], message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_cron_entries(entries, workflows=FLOWS)
     assert str(caught.value).startswith(message), str(caught.value)
+
+
+async def _report(ctx: object, day: str, team: str = "all") -> None: ...
+
+
+async def _sync(ctx: object, *, source: str) -> None: ...
+
+
+SHAPES = {"app:jobs/report.run": ParamsShape.of(_report),
+          "app:jobs/sync.run": ParamsShape.of(_sync)}
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"params": []}, "cron[worker_reconcile]: params do not fit workflow app:jobs/report.run: "
+                     "it takes 1 to 2 params (day, team='all'); got 0: missing day"),
+    ({"params": ["2030-01-01", "ops", 3]},
+     "cron[worker_reconcile]: params do not fit workflow app:jobs/report.run: it takes 1 to "
+     "2 params (day, team='all'); got 3"),
+    ({"ffqn": "app:jobs/sync.run", "params": ["x"]},
+     "cron[worker_reconcile]: params do not fit workflow app:jobs/sync.run: it requires "
+     "keyword-only parameter(s) source without a default, which params (positional) cannot "
+     "give; its parameters: (*, source)"),
+])
+def test_params_that_do_not_fit_the_workflow(changes: dict[str, object], message: str) -> None:
+    shapes = {k: v for k, v in SHAPES.items() if v is not None}
+    with pytest.raises(ConfigError) as caught:
+        parse_cron_entries([entry(name="first", params=["2030-01-01"]), entry(**changes)],
+                           workflows=FLOWS, shapes=shapes)
+    assert str(caught.value) == message
+
+
+def test_params_that_fit_or_are_not_checked() -> None:
+    shapes = {k: v for k, v in SHAPES.items() if v is not None}
+    fit = parse_cron_entries([entry(name="a", params=["2030-01-01"]),
+                              entry(name="b", params=["2030-01-01", "ops"])],
+                             workflows=FLOWS, shapes=shapes)
+    assert [e.params for e in fit] == [("2030-01-01",), ("2030-01-01", "ops")]
+    # a workflow without a shape (an [[external_workflow]]'s) is not checked
+    (other,) = parse_cron_entries([entry(ffqn="app:jobs/sync.run", params=[1, 2, 3])],
+                                  workflows=FLOWS, shapes={"app:jobs/report.run":
+                                                           shapes["app:jobs/report.run"]})
+    assert other.params == (1, 2, 3)
 
 
 def test_params_over_the_payload_limit() -> None:

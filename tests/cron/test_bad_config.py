@@ -54,6 +54,9 @@ CASES: list[tuple[str, str, str]] = [
     ("no-name", cron_toml(bad(name=None)), "error: cron #1: name is required"),
     ("catch-up-not-bool", cron_toml(bad(catch_up="yes")),
      "error: cron[worker_reconcile]: catch_up must be true or false"),
+    ("params-do-not-fit", cron_toml(bad(params=["ops@example.com"])),
+     "error: cron[worker_reconcile]: params do not fit workflow shop:mail/send.run: it takes "
+     "exactly 2 params (to, subject); got 1: missing subject"),
     ("not-an-array", '[cron]\nname = "x"\n', "error: veracity.toml:1: cron: Input should be "
      "a valid list"),
 ]

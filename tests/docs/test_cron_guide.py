@@ -27,7 +27,7 @@ from veracity.core.cron import Schedule, parse_cron_entries
 from veracity.core.states import Status
 from veracity.errors import ConfigError
 from veracity.maintenance.cron import CronService
-from veracity.runtime import load_user_app
+from veracity.runtime import load_user_app, shapes_of
 from veracity.store import open_store
 from veracity.worker.runner import Worker
 
@@ -63,7 +63,8 @@ def entries_of(folder: Path, toml: str | None = None) -> Any:
     app = load_user_app(settings)
     assert app is not None
     return parse_cron_entries(settings.cron, workflows=set(app.workflows),
-                              max_payload_bytes=settings.max_payload_bytes)
+                              max_payload_bytes=settings.max_payload_bytes,
+                              shapes=shapes_of(app))
 
 
 def test_the_commands_run(guide: Path) -> None:
@@ -165,6 +166,7 @@ def test_the_error_lines_are_the_servers(guide: Path) -> None:
         config + "\n" + ping,
         config + 'params = "x"\n',
         config + 'every = "15s"\n',
+        config.replace('params = ["platform"]', "params = []"),
     ]
     assert len(lines) == len(changes)
     for line, toml in zip(lines, changes, strict=True):

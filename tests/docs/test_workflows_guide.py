@@ -80,6 +80,15 @@ async def test_the_guide_runs(tmp_path, database_url):
             e, _ = await service.submit("guide:mail/one.run", ["c@x"])
             assert (await wait_status(service, e.id, done)).result == "sent to c@x"
 
+            # params that do not fit the child's signature: InvalidParams, caught
+            e, _ = await service.submit("guide:mail/careful.run", ["d@x"])
+            careful = await wait_status(service, e.id, done)
+            (documented,) = re.findall(r"^returns `(not sent: .*?)`", GUIDE.read_text(),
+                                       flags=re.S | re.M)
+            assert careful.result == documented.replace("\n", " ")
+            children, _ = await store.execution_children(e.id)
+            assert children == []  # nothing was created for the call
+
             e, _ = await service.submit("guide:orders/approve.run", ["o-2"])
             await wait_status(service, e.id, {Status.BLOCKED})
             await service.send(e.id, "approval", {"by": "ada"})

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -34,6 +34,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
+from veracity.core.params import ParamsShape
 from veracity.errors import ConfigError
 
 __all__ = [
@@ -413,10 +414,13 @@ class CronEntry:
 
 
 def parse_cron_entries(raw: Sequence[Any], *, workflows: Collection[str],
-                       max_payload_bytes: int | None = None) -> list[CronEntry]:
+                       max_payload_bytes: int | None = None,
+                       shapes: Mapping[str, ParamsShape] | None = None) -> list[CronEntry]:
     """Validate the ``[[cron]]`` entries of the configuration. Every problem is a
     :class:`ConfigError` naming the entry: ``cron[worker_reconcile]: schedule "61 * * * *":
-    minute '61' is not valid (...)``."""
+    minute '61' is not valid (...)``. ``shapes``: the parameters each workflow takes (those
+    of the app's workflows); an entry whose params do not fit its workflow's is refused
+    as a submission of them would be."""
     entries: list[CronEntry] = []
     seen: dict[str, int] = {}
     for number, item in enumerate(raw, 1):
@@ -479,6 +483,10 @@ def parse_cron_entries(raw: Sequence[Any], *, workflows: Collection[str],
         if max_payload_bytes is not None and len(encoded.encode()) > max_payload_bytes:
             raise ConfigError(f"{where}: params are {len(encoded.encode())} bytes; the limit "
                               f"is max_payload_bytes = {max_payload_bytes}")
+        shape = (shapes or {}).get(ffqn)
+        problem = shape.problem(params) if shape is not None else None
+        if problem is not None:
+            raise ConfigError(f"{where}: params do not fit workflow {ffqn}: {problem}")
         catch_up = item.get("catch_up", False)
         if not isinstance(catch_up, bool):
             raise ConfigError(f"{where}: catch_up must be true or false, got {_shown(catch_up)}")

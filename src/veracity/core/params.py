@@ -10,7 +10,7 @@ keyword-only parameter without a default, which no submission can give.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,3 +80,14 @@ class ParamsShape:
         if not self.star_args and given > len(self.names):
             return f"it takes {self.expects()} params {self.text}; got {given}"
         return None
+
+
+def shapes_of_functions(fns: Mapping[str, Callable[..., Any]]) -> dict[str, ParamsShape]:
+    """The shape of each workflow function by its name (those whose signature can be
+    read)."""
+    out: dict[str, ParamsShape] = {}
+    for ffqn, fn in fns.items():
+        shape = ParamsShape.of(fn)
+        if shape is not None:
+            out[ffqn] = shape
+    return out

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, cast, overl
 
 from veracity.bindings import redact_json, redact_text
 from veracity.core.ffqn import InvalidFfqn, validate_ffqn
+from veracity.core.params import ParamsShape
 from veracity.core.retry import RetryPolicy
 from veracity.core.waiting import children_reason, message_reason, sleep_reason
 from veracity.models import (
@@ -42,6 +43,7 @@ from veracity.worker.errors import (
     ExecutionInterrupted,
     ExecutionSuspended,
     HistoryEnd,
+    InvalidParams,
     JoinSetEmpty,
     NondeterminismError,
     NotJSONError,
@@ -97,6 +99,7 @@ __all__ = [
     "ExecutionInterrupted",
     "ExecutionSuspended",
     "HistoryEnd",
+    "InvalidParams",
     "JoinSet",
     "JoinSetEmpty",
     "Journal",
@@ -216,8 +219,12 @@ class Context:
         claimed_seq: int = 0,
         telemetry: Telemetry | None = None,
         ffqn: str = "",
+        shapes: Mapping[str, ParamsShape] | None = None,
     ) -> None:
         self._store = store
+        # the parameters each workflow of this worker's app takes: a new child or schedule
+        # of one of them is checked against it (docs/workflows.md)
+        self._shapes: Mapping[str, ParamsShape] = shapes or {}
         self._telemetry = telemetry
         self._ffqn = ffqn
         # the history's length when this run was claimed: what this claim writes comes after
@@ -614,7 +621,7 @@ class Context:
     async def call(self, ffqn: str, *params: Any) -> JSON:
         """Run one child execution and wait for it: its result, or ChildFailed."""
         js = self.join_set()
-        await js.submit(ffqn, *params)
+        await self._submit_child(js, ffqn, list(params), via="ctx.call")
         outcome = await js.next()
         if not outcome.ok:
             raise ChildFailed(outcome)
@@ -639,6 +646,7 @@ class Context:
         if recorded is not None:
             self._same_spawn(pos, recorded, ffqn, values, call)
             return Scheduled(uuid.UUID(str(recorded.data["execution_id"])), None)
+        self._fits("ctx.schedule", ffqn, values)
         self._beyond(pos, call)
         new_id = execution_id or uuid.uuid5(self.execution_id, f"schedule:{self._try}{pos}")
         self._unwritten_children.append(
@@ -673,7 +681,19 @@ class Context:
             self.interrupt("lease_lost")
             raise ExecutionInterrupted("lease_lost")
 
-    async def _submit_child(self, js: JoinSet, ffqn: str, params: list[Any]) -> uuid.UUID:
+    def _fits(self, via: str, ffqn: str, params: JSON) -> None:
+        """A new child or schedule (not recorded): its params must fit the signature of
+        its workflow, if this worker's app registers it; else InvalidParams, before
+        anything is written. Its position stays empty, so a replay checks it again."""
+        shape = self._shapes.get(ffqn)
+        if shape is None or not isinstance(params, list):
+            return
+        problem = shape.problem(params)
+        if problem is not None:
+            raise InvalidParams(f"{via}({ffqn!r}, ...)", ffqn, problem)
+
+    async def _submit_child(self, js: JoinSet, ffqn: str, params: list[Any], *,
+                            via: str = "js.submit") -> uuid.UUID:
         self._check()
         validate_ffqn_for_workflow(ffqn)
         values = to_json_value(params, f"the parameters of {ffqn}")
@@ -685,6 +705,7 @@ class Context:
             child_id = uuid.UUID(str(recorded.data["child_id"]))
             js.submitted.append(child_id)
             return child_id
+        self._fits(via, ffqn, values)
         self._beyond(pos, call)
         child_id = uuid.uuid5(self.execution_id, f"child:{self._try}{pos}")
         await self._spawn(

@@ -1,5 +1,5 @@
 """The exceptions a workflow run raises: into workflow code (StepFailed, ChildFailed,
-JoinSetEmpty, NotJSONError, NondeterminismError), and past it to the worker
+JoinSetEmpty, InvalidParams, NotJSONError, NondeterminismError), and past it to the worker
 (ExecutionInterrupted, ExecutionSuspended, HistoryEnd: BaseExceptions, so that
 ``except Exception`` in workflow code cannot swallow them)."""
 
@@ -53,6 +53,22 @@ class StepFailed(Exception):
 
 class NotJSONError(TypeError):
     """A step returned a value that cannot be stored as JSON."""
+
+
+class InvalidParams(TypeError):
+    """``ctx.call``, ``js.submit`` or ``ctx.schedule`` of a workflow registered in this
+    worker, with params that do not fit its signature (too few, too many, or a
+    keyword-only parameter without a default). Raised before anything is recorded or
+    written: no execution is created and the call takes no place in the history. A call
+    already recorded replays as recorded, unchecked (docs/workflows.md)."""
+
+    def __init__(self, call: str, ffqn: str, problem: str) -> None:
+        super().__init__(f"{call}: {problem}")
+        self.call = call
+        """The call, e.g. ``ctx.call('shop:orders/charge.run', ...)``."""
+        self.ffqn = ffqn
+        self.problem = problem
+        """What is wrong with the params (as the submission API says it)."""
 
 
 class NondeterminismError(Exception):

@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from veracity.app import App
+from veracity.core.params import shapes_of_functions
 from veracity.errors import InvalidInput
 from veracity.models import JSON, HistoryEvent
 from veracity.worker.context import Context
@@ -131,6 +132,9 @@ async def replay_async(app: App, history: Any, *,
         journal=Journal.from_history(events),  # the current try's, after a workflow retry
         clock_base=events[-1].at,  # a sleep over by the last event is over; later, not
         retry=retries_made(events),
+        # a call beyond the history is checked as the worker checks it: a run that caught
+        # InvalidParams and went on replays the same way (docs/workflows.md)
+        shapes=shapes_of_functions({f: w.fn for f, w in app.workflows.items()}),
     )
     ended: str | None = None  # how the function ended, if it ran to its end
     try:

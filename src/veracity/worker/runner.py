@@ -34,6 +34,7 @@ from veracity.adapters.config import ExternalConfig
 from veracity.app import App, WorkflowDef
 from veracity.bindings import Bindings, redact_text
 from veracity.config import WorkerSettings
+from veracity.core.params import shapes_of_functions
 from veracity.core.requests import InterruptKind
 from veracity.core.states import Status
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
@@ -265,6 +266,9 @@ class Worker:
         self.ffqns = sorted(set(ffqns))
         # claimed from every deployment (docs/deployments.md); the others only from ours
         self.upgrade_ffqns = [f for f in app.upgrading if f in self.ffqns]
+        self.shapes = shapes_of_functions({f: wf.fn for f, wf in app.workflows.items()})
+        """The parameters each of the app's workflows takes: a workflow's new children and
+        schedules of them are checked against it (docs/workflows.md)."""
         self.ttl = timedelta(seconds=self.settings.lease_ttl)
         self.runs: dict[uuid.UUID, Run] = {}
         self._wake = asyncio.Event()
@@ -469,6 +473,7 @@ class Worker:
                 http=self.http,
                 telemetry=self.telemetry,
                 ffqn=execution.ffqn,
+                shapes=self.shapes,
             )
             run.ctx = ctx
             if run.interrupt is not None:
