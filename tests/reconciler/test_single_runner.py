@@ -229,10 +229,29 @@ async def test_a_tick_that_lost_its_lock_stops_acting(
     """Ticks never overlap (docs/states.md, guarantee 6), even when the lock's session dies
     mid-tick: from then on another runner may take the lock, so the tick that lost it must not
     go on asking the engine to stop runs or writing its actions. (What it already sent cannot
-    be unsent.)"""
+    be unsent.)
+
+    Each stop is preceded by a check of the lock (the tick's ``before_stop`` hook, watched
+    here). A check begun after the lock's session is gone must fail, and stop that run's
+    stop. A check answered just before the kill lets its stop go on; on a busy machine the
+    stop's requests may even start after the kill is known here, so the tick's requests
+    after the kill are allowed for at most as many runs as checks that began before it."""
     sc = await scenario(tagged, stores[0], quiet=1)
     tagged.fake.latency = 0.4
     svcs, _, engines = services(tagged, stores)
+    checks: list[tuple[float, bool]] = []  # (began, passed) of each check before a stop
+    unwatched = svcs[0]._stopping
+
+    async def watched() -> None:
+        began = time.monotonic()
+        try:
+            await unwatched()
+        except BaseException:
+            checks.append((began, False))
+            raise
+        checks.append((began, True))
+
+    svcs[0]._stopping = watched  # type: ignore[method-assign]
     try:
         tick = asyncio.create_task(svcs[0].run_once())
         holders = await eventually(lambda: advisory_holders(pg_url), timeout=5,
@@ -240,8 +259,7 @@ async def test_a_tick_that_lost_its_lock_stops_acting(
 
         def terminate() -> float:
             # from a thread: the moment the session is gone is read as it is known, not
-            # when this test's coroutine next runs (the tick's coroutines share its loop:
-            # a lock check answered just before the kill may go on to its stop first)
+            # when this test's coroutine next runs
             with psycopg.connect(pg_url, autocommit=True) as conn:
                 conn.execute("SELECT pg_terminate_backend(%s, 10000)", (holders[0],))
                 return time.monotonic()
@@ -253,9 +271,17 @@ async def test_a_tick_that_lost_its_lock_stops_acting(
         for engine in engines:
             await engine.aclose()
     assert second.ran
-    late = [f"{t.method} {t.path}" for t in tagged.recorder.spans
-            if t.tag == "s0" and t.start > killed_at]
-    assert late == [], f"the tick that lost its lock went on calling the engine: {late}"
+    assert [began for began, passed in checks if passed and began > killed_at] == [], (
+        "a lock check begun after the lock was lost let a stop go on", checks, killed_at)
+    late = [t for t in tagged.recorder.spans if t.tag == "s0" and t.start > killed_at]
+    late_runs = {t.path.split("/executions/")[1].split("/")[0]
+                 for t in late if "/executions/" in t.path}
+    begun_before = sum(1 for began, _ in checks if began <= killed_at)
+    assert len(late_runs) <= begun_before and all(
+        "/executions/" in t.path or t.path == "/rest/login" for t in late), (
+        "the tick that lost its lock went on calling the engine beyond the stops its "
+        f"checks before the kill let through: {[f'{t.method} {t.path}' for t in late]}; "
+        f"checks (began, passed): {checks}; killed at {killed_at}")
     await assert_acted_on_once(sc)
 
 
