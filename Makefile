@@ -30,11 +30,11 @@ lint: $(STAMP) ## ruff and mypy --strict
 
 # The tests start hundreds of veracity processes: they must find Veracity's modules compiled,
 # so PYTHONDONTWRITEBYTECODE (set on some CI machines) is cleared for them (an empty value is
-# "not set" to Python). Two pytest processes per core: about half of a test's time is spent
-# waiting (on PostgreSQL, on the processes it started, on a lease to expire), and the tests
-# marked slow still run alone (README: Tests).
-TEST_PROCESSES ?= $(shell $(PYTHON) -c 'import os; print(2 * len(os.sched_getaffinity(0)))')
-test: lint ## Lint, then the whole test suite on two processes per core (needs PostgreSQL; see README)
+# "not set" to Python). Three pytest processes per two cores: about half of a test's time is
+# spent waiting (on PostgreSQL, on the processes it started, on a lease to expire); more
+# starve the worker processes the tests start, whose leases last 1.5 s (README: Tests).
+TEST_PROCESSES ?= $(shell $(PYTHON) -c 'import os; print(max(2, 3 * len(os.sched_getaffinity(0)) // 2))')
+test: lint ## Lint, then the whole test suite on 3 processes per 2 cores (needs PostgreSQL; see README)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_PROCESSES)
 
 bench: $(STAMP) ## Benchmarks (not part of the tests); see bench/README.md
