@@ -36,6 +36,10 @@ from veracity.models import Execution, ReconcileAction
 
 log = logging.getLogger("veracity.reconciler")
 
+_OPERATOR_ENDS = frozenset(str(end) for end in OperatorEnd)
+_FLAG_KINDS = frozenset(str(kind) for kind in FlagKind)
+_UNDECIDED = Decision(Action.NOTHING, "the engine has not answered yet")
+
 
 @dataclass
 class Look:
@@ -76,25 +80,49 @@ class Looker:
         still be waiting for the engine's answer (the engine's own call timeout): until
         then the missing id is not news."""
         self.stop_flag_after = stop_flag_after
+        self._stop_flag_after = timedelta(seconds=stop_flag_after)
+        self._graces: dict[str, timedelta] = {}
+        self._limits: dict[str, timedelta | None] = {}
 
-    def observe(self, e: Execution, now: datetime) -> Observation:
-        """The observation of ``e`` before the engine is asked."""
-        limit = self.limits.get(e.ffqn)
+    def observe(self, e: Execution, now: datetime, *,
+                engine: EngineState = EngineState.UNKNOWN,
+                unknown_id: bool = False) -> Observation:
+        """The observation of ``e``: before the engine is asked, or with its answer
+        (``engine``, ``unknown_id``)."""
         request = e.end_request if isinstance(e.end_request, dict) else None
         action = request.get("action") if request else None
         return Observation(
             now=now,
             has_external_id=e.external_execution_id is not None,
             triggered_at=e.triggered_at,
-            trigger_grace=timedelta(seconds=self.trigger_grace.get(e.engine or "", 0.0)),
-            max_duration=timedelta(seconds=limit) if limit is not None else None,
+            trigger_grace=self._grace(e.engine),
+            max_duration=self._limit(e.ffqn),
             engine_configured=(e.engine or "") in self.engines,
+            engine=engine,
+            unknown_id=unknown_id,
             cancel_requested_at=e.cancel_requested_at,
-            operator_end=OperatorEnd(action) if action in set(OperatorEnd) else None,
+            operator_end=OperatorEnd(action) if action in _OPERATOR_ENDS else None,
             operator_end_at=e.end_requested_at,
-            stop_flag_after=timedelta(seconds=self.stop_flag_after),
-            flag=FlagKind(e.flag_kind) if e.flag_kind in set(FlagKind) else None,
+            stop_flag_after=self._stop_flag_after,
+            flag=FlagKind(e.flag_kind) if e.flag_kind in _FLAG_KINDS else None,
         )
+
+    # Each look needs these durations; made once per engine and workflow, not per look
+    # (a tick takes ten thousand looks; bench/reconciler.py).
+
+    def _grace(self, engine: str | None) -> timedelta:
+        key = engine or ""
+        grace = self._graces.get(key)
+        if grace is None:
+            grace = self._graces[key] = timedelta(seconds=self.trigger_grace.get(key, 0.0))
+        return grace
+
+    def _limit(self, ffqn: str) -> timedelta | None:
+        if ffqn in self._limits:
+            return self._limits[ffqn]
+        seconds = self.limits.get(ffqn)
+        limit = self._limits[ffqn] = timedelta(seconds=seconds) if seconds is not None else None
+        return limit
 
     async def look(
         self, e: Execution, now: datetime, *,
@@ -104,36 +132,39 @@ class Looker:
         decision says so, then ask again and decide from that. ``before_stop`` runs just
         before a stop request (the reconciler checks it still holds its lock there);
         ``by`` is who took the look (recorded with the write)."""
-        obs = self.observe(e, now)
         engine = self.engines.get(e.engine or "")
-        result = Look(e, decide(obs))
-        if not obs.has_external_id or engine is None:
+        if e.external_execution_id is None or engine is None:
+            obs = self.observe(e, now)
+            result = Look(e, decide(obs))
             result.why_unknown = ("it has no external id: the engine cannot be asked"
-                                  if not obs.has_external_id
+                                  if e.external_execution_id is None
                                   else f"its engine {e.engine!r} is not configured here")
-            result.action = self._write(e, result.decision, result, now, by)
+            result.action = self._write(e, obs, result.decision, result, by)
             return result
-        assert e.external_execution_id is not None
-        obs = await self._ask(engine, e.external_execution_id, obs, result)
+        result = Look(e, _UNDECIDED)
+        state, unknown_id = await self._ask(engine, e.external_execution_id, result)
+        obs = self.observe(e, now, engine=state, unknown_id=unknown_id)
         result.decision = decide(obs)
         if result.decision.action is Action.STOP_REMOTE:
             if before_stop is not None:
                 await before_stop()
             result.stop = await self._stop(engine, e.external_execution_id, result)
             # whatever the stop answered, decide from what the engine now says
-            obs = await self._ask(engine, e.external_execution_id,
-                                  replace(obs, stop_sent=True), result)
+            state, unknown_id = await self._ask(engine, e.external_execution_id, result)
+            obs = replace(obs, engine=state, unknown_id=unknown_id, stop_sent=True)
             result.decision = decide(obs)
             if result.stop != "ok" and obs.engine is not EngineState.FINISHED:
                 result.why_unknown = f"the engine did not accept the stop ({result.stop})"
             elif obs.engine is EngineState.RUNNING:
                 result.why_unknown = ("the engine accepted the stop but still runs the run "
                                       f"(status {obs_status(result)})")
-        result.action = self._write(e, result.decision, result, now, by)
+        result.action = self._write(e, obs, result.decision, result, by)
         return result
 
-    async def _ask(self, engine: Engine, external_id: str, obs: Observation,
-                   result: Look) -> Observation:
+    async def _ask(self, engine: Engine, external_id: str,
+                   result: Look) -> tuple[EngineState, bool]:
+        """The engine's answer about ``external_id``: its state, and whether its own API
+        said the id is none of its runs."""
         try:
             inspection = await asyncio.wait_for(engine.inspect(external_id),
                                                 self.engine_timeout)
@@ -141,20 +172,20 @@ class Looker:
             result.engine_errors.append("timeout")
             result.inspection = None
             result.why_unknown = f"the engine did not answer within {self.engine_timeout:g} s"
-            return replace(obs, engine=EngineState.UNKNOWN, unknown_id=False)
+            return EngineState.UNKNOWN, False
         except Exception as exc:  # an adapter must not crash the caller, whatever it does
             result.engine_errors.append("adapter_error")
             log.warning("engine adapter raised: %s", exc, extra={"domain": "reconciler"})
             result.inspection = None
             result.why_unknown = f"the engine adapter failed: {exc}"
-            return replace(obs, engine=EngineState.UNKNOWN, unknown_id=False)
+            return EngineState.UNKNOWN, False
         result.inspection = inspection
         if inspection.error:
             result.engine_errors.append(str(inspection.error))
             result.why_unknown = f"the engine's answer is unusable: {inspection.detail}"
         else:
             result.why_unknown = None
-        return replace(obs, engine=inspection.state, unknown_id=inspection.needs_operator)
+        return inspection.state, inspection.needs_operator
 
     async def _stop(self, engine: Engine, external_id: str, result: Look) -> str:
         try:
@@ -170,13 +201,12 @@ class Looker:
             return f"failed: {outcome.reason}"
         return "ok"
 
-    def _write(self, e: Execution, decision: Decision, look: Look, now: datetime,
+    def _write(self, e: Execution, obs: Observation, decision: Decision, look: Look,
                by: str) -> ReconcileAction | None:
         data: dict[str, Any] = {"by": by, "engine": e.engine}
         if e.triggered_at is not None:
-            limit = self.limits.get(e.ffqn)
-            data["limit_breached"] = limit is not None and limit_breached(
-                e.triggered_at, timedelta(seconds=limit), now)
+            data["limit_breached"] = obs.max_duration is not None and limit_breached(
+                e.triggered_at, obs.max_duration, obs.now)
         if look.inspection is not None:
             data.update(engine_status=look.inspection.status,
                         engine_stopped_at=look.inspection.stopped_at)
