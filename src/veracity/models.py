@@ -188,6 +188,9 @@ class WorkerInfo:
     heartbeat_interval: float | None = None
     """Seconds between its heartbeats: it is not live once a beat is late by more than
     two intervals (:func:`veracity.core.deployments.is_live`)."""
+    host_key: str | None = None
+    """The host and process namespace it runs in (:func:`veracity.host.host_key`), so
+    that a process beside it can tell when it is gone; None when unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +207,8 @@ class WorkerRecord:
     upgrade_ffqns: list[str] = field(default_factory=list)
     heartbeat_interval: float | None = None
     """Seconds between its heartbeats; None for a worker that did not record it."""
+    host_key: str | None = None
+    """The host and process namespace it runs in; None when unknown."""
 
 
 @dataclass(frozen=True, slots=True)

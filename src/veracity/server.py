@@ -32,6 +32,7 @@ from veracity.config import Settings, is_loopback
 from veracity.control import ExecutionService, ServiceMetrics, TokenService
 from veracity.core.tokens import TokenState
 from veracity.errors import ConfigError
+from veracity.host import host_key
 from veracity.maintenance._loop import run_forever
 from veracity.maintenance.cron import CronMetrics, CronService
 from veracity.maintenance.deployments import DeploymentBeacon
@@ -128,6 +129,7 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
             max_attempts=settings.recovery.max_attempts,
             metrics=RecoveryMetrics(registry),
             telemetry=telemetry,
+            host_key=host_key(),  # workers killed on this host: recovered at once
         )
         engines = runtime.engines
         # the server's deployment is recorded before it serves (a failure stops the start),

@@ -7,7 +7,14 @@ import itertools
 
 import pytest
 
-from veracity.core.recovery import Expired, RecoveryAction, RecoveryDecision, decide_recovery
+from veracity.core.recovery import (
+    Expired,
+    RecoveryAction,
+    RecoveryDecision,
+    Registered,
+    decide_recovery,
+    gone_workers,
+)
 from veracity.core.states import Status
 
 ATTEMPTS = range(1, 8)
@@ -65,3 +72,39 @@ def test_max_attempts_below_one_is_refused() -> None:
 
 def test_action_labels_are_stable() -> None:
     assert [a.value for a in RecoveryAction] == ["retry", "failed_transient", "cancel"]
+
+
+# -- workers whose process is gone ------------------------------------------------------
+
+HERE = "boot-1/pid:[7]"
+KEYS = (HERE, "boot-1/pid:[8]", "boot-2/pid:[7]", None)
+
+
+def test_gone_workers_over_every_combination() -> None:
+    """Same host key, not stopped, not this process, and its pid gone: all four needed."""
+    own_pid = 50
+    dead_pids = {60}
+    workers = [
+        Registered(f"w{i}", pid, key, stopped)
+        for i, (pid, key, stopped) in enumerate(
+            itertools.product((own_pid, 60, 70), KEYS, (False, True)))
+    ]
+    asked: list[int] = []
+
+    def pid_gone(pid: int) -> bool:
+        asked.append(pid)
+        return pid in dead_pids
+
+    gone = gone_workers(workers, HERE, own_pid, pid_gone)
+    assert [(w.pid, w.host_key, w.stopped) for w in gone] == [(60, HERE, False)]
+    # the operating system is asked only about this host's running workers, never itself
+    assert sorted(asked) == [60, 70]
+
+
+def test_no_host_key_here_means_no_worker_is_judged_gone() -> None:
+    workers = [Registered("w1", 60, None, False), Registered("w2", 61, HERE, False)]
+
+    def never(pid: int) -> bool:
+        raise AssertionError("asked about a pid without a host key")
+
+    assert gone_workers(workers, None, 50, never) == []

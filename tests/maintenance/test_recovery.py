@@ -23,7 +23,7 @@ from tests.maintenance.conftest import StoreFactory
 from veracity.clock import ManualClock
 from veracity.core.states import Status
 from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
-from veracity.models import Claim, Execution, NewExecution
+from veracity.models import Claim, Execution, NewExecution, WorkerInfo
 from veracity.store import Store, open_store
 
 TTL = timedelta(seconds=30)
@@ -533,3 +533,48 @@ async def _raw(database_url: str, sql: str, *params: Any) -> None:
             conn.close()
 
     await asyncio.to_thread(run)
+
+
+# -- a worker whose process is gone (docs/workers.md) -----------------------------------------
+
+HERE = "boot-1/pid:[7]"
+
+
+async def test_a_tick_ends_the_leases_of_a_gone_worker_on_this_host_and_recovers_them(
+    store: Store, clock: ManualClock
+) -> None:
+    def registered(worker_id: str, pid: int, key: str | None) -> WorkerInfo:
+        return WorkerInfo(id=worker_id, host="h", pid=pid, deployment_id="dep-r",
+                          ffqns=[FFQN], concurrency=4, host_key=key)
+
+    await store.worker_register(registered("dead", 4001, HERE))
+    await store.worker_register(registered("alive", 4002, HERE))
+    await store.worker_register(registered("elsewhere", 4003, "boot-2/pid:[7]"))
+    held: dict[str, uuid.UUID] = {}
+    for owner in ("dead", "alive", "elsewhere"):
+        await submit(store)
+        (claim,) = await claim_all(store, owner, limit=1)
+        held[owner] = claim.execution_id
+    asked: list[int] = []
+
+    def pid_gone(pid: int) -> bool:
+        asked.append(pid)
+        return pid in (4001, 4003)  # 4003 is on another host: never asked
+
+    m = Metrics()
+    no_key = await RecoveryService(store, metrics=m.metrics, pid_gone=pid_gone).run_once()
+    assert (no_key.retried, no_key.gone_workers, asked) == ([], [], [])
+    service = RecoveryService(store, metrics=m.metrics, host_key=HERE, pid_gone=pid_gone)
+    result = await service.run_once()
+    assert result.gone_workers == ["dead"]
+    assert sorted(asked) == [4001, 4002]
+    assert result.retried == [str(held["dead"])]
+    recovered = await get(store, held["dead"])
+    assert (recovered.status, recovered.attempt) == (Status.PENDING, 2)
+    for owner in ("alive", "elsewhere"):  # their leases hold
+        kept = await get(store, held[owner])
+        assert (kept.status, kept.lease_owner) == (Status.RUNNING, owner)
+    assert m.registry.get_sample_value("veracity_recovery_gone_worker_leases_total") == 1.0
+    assert m.actions("retry") == 1.0
+    again = await service.run_once()  # marked stopped: not found gone twice
+    assert (again.gone_workers, again.retried) == ([], [])

@@ -22,13 +22,15 @@ owner and epoch), in the same transaction as its history event. This module does
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from veracity.core.states import Status
 
-__all__ = ["Expired", "RecoveryAction", "RecoveryDecision", "decide_recovery"]
+__all__ = ["Expired", "RecoveryAction", "RecoveryDecision", "Registered", "decide_recovery",
+           "gone_workers"]
 
 
 class RecoveryAction(StrEnum):
@@ -74,3 +76,26 @@ def decide_recovery(e: Expired) -> RecoveryDecision:
              "message": f"lease of {e.owner} expired on attempt {e.attempt} of "
                         f"{e.max_attempts}"})
     return RecoveryDecision(RecoveryAction.RETRY, Status.PENDING, e.attempt + 1, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """What the recovery needs of a registered worker to judge it gone."""
+
+    id: str
+    pid: int
+    host_key: str | None
+    stopped: bool
+
+
+def gone_workers(workers: Iterable[Registered], host_key: str | None, own_pid: int,
+                 pid_gone: Callable[[int], bool]) -> list[Registered]:
+    """The workers whose process is gone (docs/workers.md, "A worker whose process is
+    gone"): registered with this process's ``host_key`` (same host, boot and pid namespace:
+    their pid can be asked about here), not stopped, not this process, and whose pid
+    ``pid_gone`` says no longer runs. No key here: none (leases decide)."""
+    if host_key is None:
+        return []
+    return [w for w in workers
+            if w.host_key == host_key and not w.stopped and w.pid != own_pid
+            and pid_gone(w.pid)]

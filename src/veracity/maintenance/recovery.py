@@ -8,16 +8,26 @@ expired lease is still the one it looked at; the owner is cleared and the reason
 in history. One runner per tick across all
 servers (PostgreSQL advisory lock; an exclusive file lock on SQLite); a busy lock skips the
 tick.
+
+Given this process's host key (:func:`veracity.host.host_key`), a tick first asks the
+operating system about every worker registered with the same key: the leases of a worker
+whose process is gone (killed with -9, crashed) end at once, so the tick recovers its
+executions now instead of when its leases would have expired (docs/workers.md, "A worker
+whose process is gone"). A worker that is only frozen or slow still exists: its leases
+decide, as before.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
 
-from veracity.core.recovery import RecoveryAction
+from veracity.core.recovery import RecoveryAction, Registered, gone_workers
+from veracity.host import pid_gone
 from veracity.store.protocol import MaintenanceStore
 from veracity.telemetry import Telemetry
 
@@ -31,6 +41,8 @@ class RecoveryResult:
     retried: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
+    gone_workers: list[str] = field(default_factory=list)
+    """Workers found gone from this host this tick (their leases ended at once)."""
 
 
 class RecoveryMetrics:
@@ -39,6 +51,9 @@ class RecoveryMetrics:
                              ["outcome"], registry=registry)
         self.actions = Counter("veracity_recovery_actions", "Executions recovered, by action",
                                ["action"], registry=registry)
+        self.gone = Counter("veracity_recovery_gone_worker_leases",
+                            "Leases ended at once because their worker's process was gone "
+                            "from this host", registry=registry)
         for outcome in ("ran", "skipped_lock", "error"):
             self.ticks.labels(outcome)
 
@@ -54,8 +69,13 @@ class RecoveryService:
         batch: int = 1000,
         metrics: RecoveryMetrics | None = None,
         telemetry: Telemetry | None = None,
+        host_key: str | None = None,
+        pid_gone: Callable[[int], bool] = pid_gone,
     ) -> None:
         self.store = store
+        self.host_key = host_key
+        """This process's host key; None: workers are recovered by their leases only."""
+        self.pid_gone = pid_gone
         self.telemetry = telemetry
         self.max_attempts = max_attempts
         self.batch = batch
@@ -78,6 +98,8 @@ class RecoveryService:
                          extra={"domain": self.name})
                 return RecoveryResult(ran=False)
             result = RecoveryResult(ran=True)
+            if self.host_key is not None:
+                await self._end_gone(self.host_key, result)
             while True:
                 recovered = await self.store.execution_recover_expired(
                     max_attempts=self.max_attempts, limit=self.batch
@@ -103,6 +125,21 @@ class RecoveryService:
                     break
             self._count_tick("ran")
             return result
+
+    async def _end_gone(self, host_key: str, result: RecoveryResult) -> None:
+        registered = [Registered(w.id, w.pid, w.host_key, w.stopped_at is not None)
+                      for w in await self.store.worker_running_on(host_key)]
+        gone = gone_workers(registered, host_key, os.getpid(), self.pid_gone)
+        if not gone:
+            return
+        ended = await self.store.worker_gone(host_key, [(w.id, w.pid) for w in gone])
+        result.gone_workers.extend(w.id for w in gone)
+        for w in gone:
+            log.warning("worker %s is gone: its process %d no longer runs on this host; "
+                        "its leases end now", w.id, w.pid,
+                        extra={"domain": self.name, "worker_id": w.id, "pid": w.pid})
+        if ended and self.metrics:
+            self.metrics.gone.inc(ended)
 
     def _count_tick(self, outcome: str) -> None:
         if self.metrics:

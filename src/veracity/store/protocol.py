@@ -456,6 +456,15 @@ class MaintenanceStore(DelegatedWrites, ReadStore, Protocol):
         failed_transient once ``attempt >= max_attempts``; clear the owner; record why.
         Executions delegated to an external engine hold no lease and are never touched."""
 
+    async def worker_running_on(self, host_key: str) -> list[WorkerRecord]:
+        """The registered workers with this host key not marked stopped."""
+
+    async def worker_gone(self, host_key: str, workers: Sequence[tuple[str, int]]) -> int:
+        """Workers (id, pid) whose process was found gone from the host ``host_key``
+        (docs/workers.md): each is marked stopped and the leases it holds end now, only
+        while the registry still names that process on that host; answers how many leases
+        ended. Lease recovery then takes their executions as it takes any expired lease."""
+
     async def execution_external_running(
         self, *, limit: int = 1000, after: uuid.UUID | None = None
     ) -> list[Execution]:

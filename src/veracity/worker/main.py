@@ -15,6 +15,7 @@ from veracity.app import App
 from veracity.bindings import resolve_http
 from veracity.config import Settings
 from veracity.errors import ConfigError
+from veracity.host import host_key
 from veracity.maintenance._loop import run_forever
 from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
 from veracity.runtime import deployment_id_for, load_user_app, redact_url
@@ -103,10 +104,11 @@ async def run_worker(settings: Settings) -> int:
         print(f"Veracity worker {worker.id} running {len(worker.ffqns)} workflows "
               f"on {redact_url(settings.database_url)}", flush=True)
         # lease recovery runs in every worker too (one runner at a time across all
-        # processes, by its lock): workers with no live server still recover
+        # processes, by its lock): workers with no live server still recover, and a worker
+        # killed beside this one is recovered at once (docs/workers.md)
         recovery = RecoveryService(store, max_attempts=settings.recovery.max_attempts,
                                    metrics=RecoveryMetrics(telemetry.registry),
-                                   telemetry=telemetry)
+                                   telemetry=telemetry, host_key=host_key())
         recovering = asyncio.create_task(
             run_forever(recovery, settings.recovery.interval, stop), name="veracity-recovery")
         try:

@@ -37,6 +37,7 @@ from veracity.config import WorkerSettings
 from veracity.core.params import shapes_of_functions
 from veracity.core.requests import InterruptKind
 from veracity.core.states import Status
+from veracity.host import host_key
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
 from veracity.store.protocol import WorkerStore
 from veracity.telemetry import Telemetry
@@ -358,6 +359,7 @@ class Worker:
             concurrency=self.settings.concurrency,
             upgrade_ffqns=self.upgrade_ffqns,
             heartbeat_interval=self.settings.effective_heartbeat_interval,
+            host_key=host_key(),
         )
         delay = 0.1
         while not self._stopping.is_set():

@@ -357,22 +357,48 @@ WITH seen AS (
 )
 INSERT INTO veracity_workers (
     id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, heartbeat_interval,
-    started_at, last_heartbeat)
+    started_at, last_heartbeat, host_key)
 VALUES (
     %(id)s, %(host)s, %(pid)s, %(deployment_id)s, %(ffqns)s, %(upgrade_ffqns)s,
     %(concurrency)s, %(heartbeat_interval)s, coalesce(%(now)s::timestamptz, now()),
-    coalesce(%(now)s::timestamptz, now()))
+    coalesce(%(now)s::timestamptz, now()), %(host_key)s)
 ON CONFLICT (id) DO UPDATE SET
     host = EXCLUDED.host, pid = EXCLUDED.pid, deployment_id = EXCLUDED.deployment_id,
     ffqns = EXCLUDED.ffqns, upgrade_ffqns = EXCLUDED.upgrade_ffqns,
     concurrency = EXCLUDED.concurrency, heartbeat_interval = EXCLUDED.heartbeat_interval,
-    last_heartbeat = EXCLUDED.last_heartbeat, stopped_at = NULL
+    last_heartbeat = EXCLUDED.last_heartbeat, stopped_at = NULL,
+    host_key = EXCLUDED.host_key
 RETURNING *
 
 -- name: worker_stop
 UPDATE veracity_workers SET stopped_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s
 RETURNING *
+
+-- name: worker_gone
+-- Workers whose process is gone (docs/workers.md, "A worker whose process is gone"): each
+-- registration is marked stopped and the leases it holds end now, so that the same
+-- recovery tick takes its executions. Only while the registry still names the process
+-- that was found gone (id, pid, host_key): a worker that registered again is not touched.
+-- Rows [{id, pid}].
+WITH gone AS (
+    UPDATE veracity_workers AS w SET stopped_at = coalesce(%(now)s::timestamptz, now())
+    FROM json_to_recordset(%(rows)s::json) AS r (id text, pid integer)
+    WHERE w.id = r.id AND w.pid = r.pid AND w.host_key = %(host_key)s
+      AND w.stopped_at IS NULL
+    RETURNING w.id
+)
+UPDATE veracity_executions AS e SET lease_expires_at = coalesce(%(now)s::timestamptz, now())
+FROM gone
+WHERE e.lease_owner = gone.id
+  AND e.status = 'running'
+  AND e.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+RETURNING e.id
+
+-- name: worker_running_on
+-- The registered workers of one host key not marked stopped (lease recovery asks which of
+-- them are gone; docs/workers.md).
+SELECT * FROM veracity_workers WHERE host_key = %(host_key)s AND stopped_at IS NULL
 
 -- name: worker_list
 SELECT *, coalesce(%(now)s::timestamptz, now()) AS db_now FROM veracity_workers

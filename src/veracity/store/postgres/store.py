@@ -95,6 +95,7 @@ def row_to_worker(row: Row) -> WorkerRecord:
         stopped_at=_utc(row["stopped_at"]),
         upgrade_ffqns=row["upgrade_ffqns"],
         heartbeat_interval=row["heartbeat_interval"],
+        host_key=row["host_key"],
     )
 
 
@@ -505,6 +506,7 @@ class PostgresStore(SharedMethods):
                 "upgrade_ffqns": Json(info.upgrade_ffqns),
                 "concurrency": info.concurrency,
                 "heartbeat_interval": info.heartbeat_interval,
+                "host_key": info.host_key,
                 "now": self._now(),
             },
         )
@@ -513,6 +515,18 @@ class PostgresStore(SharedMethods):
 
     async def worker_stop(self, worker_id: str) -> None:
         await self._fetchall("worker_stop", {"id": worker_id, "now": self._now()})
+
+    async def worker_running_on(self, host_key: str) -> list[WorkerRecord]:
+        rows = await self._fetchall("worker_running_on", {"host_key": host_key})
+        return [row_to_worker(r) for r in rows]
+
+    async def worker_gone(self, host_key: str, workers: Sequence[tuple[str, int]]) -> int:
+        if not workers:
+            return 0
+        rows = await self._fetchall("worker_gone", {
+            "rows": Json([{"id": wid, "pid": pid} for wid, pid in workers]),
+            "host_key": host_key, "now": self._now()})
+        return len(rows)
 
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
         rows = await self._fetchall("worker_list", {"limit": limit, "now": self._now()})

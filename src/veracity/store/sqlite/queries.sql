@@ -213,18 +213,34 @@ RETURNING *
 -- name: worker_register
 INSERT INTO veracity_workers (
     id, host, pid, deployment_id, ffqns, upgrade_ffqns, concurrency, heartbeat_interval,
-    started_at, last_heartbeat)
+    started_at, last_heartbeat, host_key)
 VALUES (:id, :host, :pid, :deployment_id, :ffqns, :upgrade_ffqns, :concurrency,
-        :heartbeat_interval, :now, :now)
+        :heartbeat_interval, :now, :now, :host_key)
 ON CONFLICT (id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, deployment_id = excluded.deployment_id,
     ffqns = excluded.ffqns, upgrade_ffqns = excluded.upgrade_ffqns,
     concurrency = excluded.concurrency, heartbeat_interval = excluded.heartbeat_interval,
-    last_heartbeat = excluded.last_heartbeat, stopped_at = NULL
+    last_heartbeat = excluded.last_heartbeat, stopped_at = NULL,
+    host_key = excluded.host_key
 RETURNING *
 
 -- name: worker_stop
 UPDATE veracity_workers SET stopped_at = :now WHERE id = :id RETURNING *
+
+-- name: worker_gone_mark
+-- A worker whose process is gone (docs/workers.md): marked stopped while the registry
+-- still names that process; then worker_gone_leases_end, in the same transaction.
+UPDATE veracity_workers SET stopped_at = :now
+WHERE id = :id AND pid = :pid AND host_key = :host_key AND stopped_at IS NULL
+RETURNING id
+
+-- name: worker_gone_leases_end
+UPDATE veracity_executions SET lease_expires_at = :now
+WHERE lease_owner = :id AND status = 'running' AND lease_expires_at > :now
+RETURNING id
+
+-- name: worker_running_on
+SELECT * FROM veracity_workers WHERE host_key = :host_key AND stopped_at IS NULL
 
 -- name: worker_list
 SELECT * FROM veracity_workers ORDER BY started_at DESC, id LIMIT :limit

@@ -151,6 +151,7 @@ def row_to_worker(row: sqlite3.Row) -> WorkerRecord:
         stopped_at=from_us(row["stopped_at"]) if row["stopped_at"] is not None else None,
         upgrade_ffqns=json.loads(row["upgrade_ffqns"]),
         heartbeat_interval=row["heartbeat_interval"],
+        host_key=row["host_key"],
     )
 
 
@@ -567,7 +568,8 @@ class SqliteStore(SharedMethods):
                  "deployment_id": info.deployment_id, "ffqns": _dumps(info.ffqns),
                  "upgrade_ffqns": _dumps(info.upgrade_ffqns),
                  "concurrency": info.concurrency,
-                 "heartbeat_interval": info.heartbeat_interval, "now": now},
+                 "heartbeat_interval": info.heartbeat_interval,
+                 "host_key": info.host_key, "now": now},
             ).fetchone()
             return row_to_worker(row)
 
@@ -578,6 +580,26 @@ class SqliteStore(SharedMethods):
             conn.execute(Q["worker_stop"], {"id": worker_id, "now": now}).fetchall()
 
         await self._run(self._write, work)
+
+    async def worker_running_on(self, host_key: str) -> list[WorkerRecord]:
+        rows = await self._run(self._all, "worker_running_on", {"host_key": host_key})
+        return [row_to_worker(r) for r in rows]
+
+    async def worker_gone(self, host_key: str, workers: Sequence[tuple[str, int]]) -> int:
+        def work(conn: sqlite3.Connection, now: int) -> int:
+            ended = 0
+            for worker_id, pid in workers:
+                marked = conn.execute(Q["worker_gone_mark"], {
+                    "id": worker_id, "pid": pid, "host_key": host_key, "now": now,
+                }).fetchall()
+                if marked:
+                    ended += len(conn.execute(Q["worker_gone_leases_end"],
+                                              {"id": worker_id, "now": now}).fetchall())
+            return ended
+
+        if not workers:
+            return 0
+        return await self._run(self._write, work)
 
     async def worker_list(self, *, limit: int = 1000) -> list[WorkerRecord]:
         rows = await self._run(self._all, "worker_list", {"limit": limit})
