@@ -176,7 +176,13 @@ def recovery(system: System) -> tuple[float | None, int, int]:
 SLOW_GRACE = 2.5  # after none is left, a redone job still running would mark itself done
 
 
+WORKLOADS = ("throughput", "latency", "steps", "recovery")
+"""``throughput``: enqueue and no-op with 1 and 2 workers; the others as named above."""
+
+
 def fmt(values: list[float | None], unit: str = "") -> str:
+    if not values:
+        return "-"  # not run
     got = [v for v in values if v is not None]
     if not got:
         return "failed"
@@ -199,7 +205,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps-jobs", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--only", nargs="*", help="system kinds to run (default: all)")
+    parser.add_argument("--workloads", nargs="*", choices=WORKLOADS, default=list(WORKLOADS),
+                        help="workloads to run (default: all); the others show as '-'")
     args = parser.parse_args(argv)
+    chosen = set(args.workloads)
     systems = [s for s in SYSTEMS if not args.only or s.kind in args.only]
     versions = []
     for dist in ("veracity", "pgqueuer", "procrastinate", "dbos"):
@@ -222,23 +231,26 @@ def main(argv: list[str] | None = None) -> None:
     for r in range(args.rounds):
         for system in systems:
             started = time.monotonic()
-            enq, rate1 = throughput(system, args.jobs, 1)
-            add(system, "enqueue", enq)
-            add(system, "noop1", rate1)
-            enq, rate2 = throughput(system, args.jobs, 2)
-            add(system, "enqueue", enq)
-            add(system, "noop2", rate2)
-            p50, p99, missed = latency(system, args.samples)
-            add(system, "p50", p50)
-            add(system, "p99", p99)
-            add(system, "missed", float(missed))
-            if system.has_steps:
+            if "throughput" in chosen:
+                enq, rate1 = throughput(system, args.jobs, 1)
+                add(system, "enqueue", enq)
+                add(system, "noop1", rate1)
+                enq, rate2 = throughput(system, args.jobs, 2)
+                add(system, "enqueue", enq)
+                add(system, "noop2", rate2)
+            if "latency" in chosen:
+                p50, p99, missed = latency(system, args.samples)
+                add(system, "p50", p50)
+                add(system, "p99", p99)
+                add(system, "missed", float(missed))
+            if system.has_steps and "steps" in chosen:
                 _, steps = throughput(system, args.steps_jobs, 1, job="steps")
                 add(system, "steps", steps)
-            took, dups, lost = recovery(system)
-            add(system, "recovery", took)
-            add(system, "dups", float(dups))
-            add(system, "lost", float(lost))
+            if "recovery" in chosen:
+                took, dups, lost = recovery(system)
+                add(system, "recovery", took)
+                add(system, "dups", float(dups))
+                add(system, "lost", float(lost))
             print(f"# round {r + 1} {system.name}: {time.monotonic() - started:.0f} s, "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
     print("| system | no-op jobs/s, 1 worker | 2 workers | enqueue jobs/s (one call each) "
@@ -247,16 +259,21 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for system in systems:
         res = results[system.name]
-        p50 = statistics.median(v for v in res["p50"] if v is not None)
-        p99 = statistics.median(v for v in res["p99"] if v is not None)
-        never = total(res["missed"])
-        steps_text = fmt(res["steps"]) if system.has_steps else "n/a (no steps)"
-        print(f"| {system.name} | {fmt(res['noop1'])} | {fmt(res['noop2'])} | "
-              f"{fmt(res['enqueue'])} | {p50:.2f} / {p99:.2f} ms"
-              f"{f' ({never:.0f} never started)' if never else ''} | {steps_text} | "
-              f"{fmt(res['recovery'], ' s')} | {total(res['dups']):.0f} / "
-              f"{total(res['lost']):.0f} |")
-
+        if "latency" in chosen:
+            p50 = statistics.median(v for v in res["p50"] if v is not None)
+            p99 = statistics.median(v for v in res["p99"] if v is not None)
+            never = total(res["missed"])
+            latency_text = (f"{p50:.2f} / {p99:.2f} ms"
+                            f"{f' ({never:.0f} never started)' if never else ''}")
+        else:
+            latency_text = "-"
+        steps_text = ("n/a (no steps)" if not system.has_steps
+                      else fmt(res["steps"]) if "steps" in chosen else "-")
+        recovery_text = ((fmt(res["recovery"], " s"), f"{total(res['dups']):.0f} / "
+                          f"{total(res['lost']):.0f}") if "recovery" in chosen else ("-", "-"))
+        print(f"| {system.name} | {fmt(res.get('noop1', []))} | {fmt(res.get('noop2', []))} | "
+              f"{fmt(res.get('enqueue', []))} | {latency_text} | {steps_text} | "
+              f"{recovery_text[0]} | {recovery_text[1]} |")
 
 if __name__ == "__main__":
     main()
