@@ -578,3 +578,26 @@ async def test_a_tick_ends_the_leases_of_a_gone_worker_on_this_host_and_recovers
     assert m.actions("retry") == 1.0
     again = await service.run_once()  # marked stopped: not found gone twice
     assert (again.gone_workers, again.retried) == ([], [])
+
+
+async def test_a_process_without_the_lock_still_ends_a_gone_workers_leases(
+    store: Store, other_store: StoreFactory, clock: ManualClock
+) -> None:
+    """The gone check runs before the lock: a process whose tick is skipped ends the leases
+    all the same, and the lock holder's next tick recovers the executions."""
+    await store.worker_register(WorkerInfo(id="dead", host="h", pid=4001,
+                                           deployment_id="dep-r", ffqns=[FFQN],
+                                           concurrency=4, host_key=HERE))
+    await submit(store)
+    (claim,) = await claim_all(store, "dead", limit=1)
+    other = await other_store()
+    holder = RecoveryService(other)
+    async with other.single_runner("recovery") as held:
+        assert held
+        skipped = await RecoveryService(store, host_key=HERE,
+                                        pid_gone=lambda pid: True).run_once()
+    assert (skipped.ran, skipped.gone_workers) == (False, ["dead"])
+    ended = await get(store, claim.execution_id)
+    assert (ended.status, ended.lease_expires_at) == (Status.RUNNING, clock.now())
+    result = await holder.run_once()  # no host key: it recovers what the other one ended
+    assert result.retried == [str(claim.execution_id)]

@@ -10,9 +10,10 @@ servers (PostgreSQL advisory lock; an exclusive file lock on SQLite); a busy loc
 tick.
 
 Given this process's host key (:func:`veracity.host.host_key`), a tick first asks the
-operating system about every worker registered with the same key: the leases of a worker
-whose process is gone (killed with -9, crashed) end at once, so the tick recovers its
-executions now instead of when its leases would have expired (docs/workers.md, "A worker
+operating system about every worker registered with the same key, lock or no lock: the
+leases of a worker whose process is gone (killed with -9, crashed) end at once, so the
+tick that holds the lock, here or on any host, recovers its executions now instead of
+when its leases would have expired (docs/workers.md, "A worker
 whose process is gone"). A worker that is only frozen or slow still exists: its leases
 decide, as before.
 """
@@ -91,15 +92,16 @@ class RecoveryService:
             raise
 
     async def _tick(self) -> RecoveryResult:
+        # the gone check needs no lock: each process judges only its own host's workers,
+        # and ending a gone worker's leases is conditional (a second judge changes nothing)
+        gone = await self._end_gone(self.host_key) if self.host_key is not None else []
         async with self.store.single_runner(self.name) as acquired:
             if not acquired:
                 self._count_tick("skipped_lock")
                 log.info("tick skipped: another runner holds the lock",
                          extra={"domain": self.name})
-                return RecoveryResult(ran=False)
-            result = RecoveryResult(ran=True)
-            if self.host_key is not None:
-                await self._end_gone(self.host_key, result)
+                return RecoveryResult(ran=False, gone_workers=gone)
+            result = RecoveryResult(ran=True, gone_workers=gone)
             while True:
                 recovered = await self.store.execution_recover_expired(
                     max_attempts=self.max_attempts, limit=self.batch
@@ -126,20 +128,21 @@ class RecoveryService:
             self._count_tick("ran")
             return result
 
-    async def _end_gone(self, host_key: str, result: RecoveryResult) -> None:
+    async def _end_gone(self, host_key: str) -> list[str]:
+        """End the leases of this host's workers whose process is gone; their ids."""
         registered = [Registered(w.id, w.pid, w.host_key, w.stopped_at is not None)
                       for w in await self.store.worker_running_on(host_key)]
         gone = gone_workers(registered, host_key, os.getpid(), self.pid_gone)
         if not gone:
-            return
+            return []
         ended = await self.store.worker_gone(host_key, [(w.id, w.pid) for w in gone])
-        result.gone_workers.extend(w.id for w in gone)
         for w in gone:
             log.warning("worker %s is gone: its process %d no longer runs on this host; "
                         "its leases end now", w.id, w.pid,
                         extra={"domain": self.name, "worker_id": w.id, "pid": w.pid})
         if ended and self.metrics:
             self.metrics.gone.inc(ended)
+        return [w.id for w in gone]
 
     def _count_tick(self, outcome: str) -> None:
         if self.metrics:
