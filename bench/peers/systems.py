@@ -44,12 +44,15 @@ class System:
     remaining_sql: str  # jobs not finished yet
     has_steps: bool = False
     dbos_polling: float = 1.0
+    settings: tuple[tuple[str, str], ...] = ()
+    """Veracity: settings of its worker processes beyond the defaults (environment)."""
 
     def worker_argv(self, url: str, job: str, recovery: bool) -> tuple[list[str], dict[str, str]]:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         if self.kind == "veracity":
             env.update(VERACITY_DATABASE_URL=url, VERACITY_APP="bench.peers.vapp:app",
                        VERACITY_DEPLOYMENT_ID="bench", VERACITY_LOG_LEVEL="warning")
+            env.update(self.settings)
             if recovery:
                 env.update(VERACITY_LEASE_TTL=f"{LEASE_SECONDS:g}s",
                            VERACITY_RECOVERY_INTERVAL="1s")
@@ -161,6 +164,11 @@ SYSTEMS = [
     System("Veracity", "veracity",
            "SELECT count(*) FROM veracity_executions WHERE status <> 'completed'",
            has_steps=True),
+    # the setting docs/scaling.md recommends for short async workflows: more executions at
+    # once per worker process (the default, 16, suits workflows that hold resources)
+    System("Veracity (tuned: worker.concurrency 128)", "veracity",
+           "SELECT count(*) FROM veracity_executions WHERE status <> 'completed'",
+           has_steps=True, settings=(("VERACITY_WORKER_CONCURRENCY", "128"),)),
     System("PGQueuer", "pgqueuer", "SELECT count(*) FROM pgqueuer"),
     System("Procrastinate", "procrastinate",
            "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"),
