@@ -423,8 +423,13 @@ class _Zygote:
                     assert self.control is not None
                     if startup_env(request["env"]) != self.baseline:
                         return None
-                    socket.send_fds(self.control, [json.dumps(request).encode()],
-                                    [*fds, theirs.fileno()])
+                    try:
+                        socket.send_fds(self.control, [json.dumps(request).encode()],
+                                        [*fds, theirs.fileno()])
+                    except OSError as exc:
+                        if exc.errno == errno.EMSGSIZE:
+                            return None  # arguments larger than a message: exec
+                        raise
             finally:
                 theirs.close()
             # the zygote says the pid; the child that it is set up (the exec succeeded, as
@@ -507,11 +512,16 @@ class _Handle:
             poll.poll()
 
     def reap(self) -> None:
-        """Tell the zygote the status is read: it reaps the zombie."""
+        """Tell the zygote the status is read: it reaps the zombie (as it does when the
+        socket closes)."""
         with contextlib.suppress(OSError):
             self.sock.send(b"reap", socket.MSG_DONTWAIT)
+        self.sock.close()
 
     def close(self) -> None:
+        self.sock.close()
+
+    def __del__(self) -> None:  # a Popen never waited for: the zygote reaps it at its exit
         self.sock.close()
 
 
