@@ -53,6 +53,8 @@ from typing import Any
 
 OPT_OUT = "VERACITY_TEST_EXEC"
 """Set to ``1``: every process the tests start execs (no zygote)."""
+TRACE = "VERACITY_ZYGOTE_TRACE"
+"""A file: each ``veracity`` process the tests start adds a line, forked or exec'd (why)."""
 
 PRELOAD = (
     # what `veracity server`, `worker`, `migrate`, `list` (both backends) and the other
@@ -575,32 +577,47 @@ def _from_asyncio() -> bool:
     return False
 
 
-def _request(a: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The zygote request for a Popen (the arguments of ``_execute_child``), or None: exec."""
-    if (_SCRIPT is None or REAL_EXEC.is_set() or a["shell"] or a["executable"] is not None
-            or a["preexec_fn"] is not None or a["pass_fds"] or not a["close_fds"]
-            or not a["restore_signals"] or a.get("umask", -1) >= 0
-            or any(a.get(k) is not None for k in ("gid", "gids", "uid"))
-            or _from_asyncio()):
-        return None
+def _request(a: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The zygote request for a Popen (the arguments of ``_execute_child``), or None and
+    why it execs (``""``: it does not run this virtualenv's ``veracity``)."""
     args = a["args"]
-    if isinstance(args, (str, bytes, os.PathLike)):
-        return None
+    if _SCRIPT is None or a["shell"] or isinstance(args, (str, bytes, os.PathLike)):
+        return None, ""
     argv = [os.fsdecode(x) for x in args]
-    if not argv:
-        return None
     cwd = os.path.abspath(os.fsdecode(a["cwd"])) if a["cwd"] is not None else os.getcwd()
-    if not os.path.isdir(cwd):
-        return None  # Popen's own exec raises the error
     given = a["env"]
     env = (dict(os.environ) if given is None
            else {os.fsdecode(k): os.fsdecode(v) for k, v in given.items()})
-    path = _exec_path(argv[0], env if given is not None else None, cwd)
+    path = _exec_path(argv[0], env if given is not None else None, cwd) if argv else None
     if path is None or os.path.realpath(os.path.join(cwd, path)) != _SCRIPT:
-        return None
+        return None, ""
+    for why, used in (
+        ("marked real_exec", REAL_EXEC.is_set()),
+        ("executable=", a["executable"] is not None),
+        ("preexec_fn=", a["preexec_fn"] is not None),
+        ("pass_fds=", bool(a["pass_fds"])),
+        ("close_fds=False", not a["close_fds"]),
+        ("restore_signals=False", not a["restore_signals"]),
+        ("umask=", a.get("umask", -1) >= 0),
+        ("user=/group=", any(a.get(k) is not None for k in ("gid", "gids", "uid"))),
+        ("asyncio", _from_asyncio()),
+        ("no such cwd", not os.path.isdir(cwd)),  # Popen's own exec raises the error
+    ):
+        if used:
+            return None, why
     pgid = a.get("process_group")
     return {"argv": [path, *argv[1:]], "env": env, "cwd": cwd, "umask": _umask(),
-            "setsid": bool(a["start_new_session"]), "pgid": -1 if pgid is None else pgid}
+            "setsid": bool(a["start_new_session"]),
+            "pgid": -1 if pgid is None else pgid}, ""
+
+
+def _trace(how: str, argv: list[str]) -> None:
+    """With ``VERACITY_ZYGOTE_TRACE=FILE``: a line per ``veracity`` process, forked or
+    exec'd and why (appended to FILE; to count what the zygote does)."""
+    path = os.environ.get(TRACE)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {how} | {' '.join(argv[1:3])}\n")
 
 
 def _usable(fd: int) -> bool:
@@ -618,16 +635,20 @@ class ZygotePopen(subprocess.Popen[Any]):
 
     def _execute_child(self, *args: Any, **kwargs: Any) -> None:
         a = _EXECUTE_CHILD.bind(self, *args, **kwargs).arguments
-        request = _request(a)
+        request, why = _request(a)
         fds = tuple(a[k] if a[k] != -1 else i
                     for i, k in enumerate(("p2cread", "c2pwrite", "errwrite")))
-        if request is None or not all(_usable(fd) for fd in fds):
+        if request is not None and not all(_usable(fd) for fd in fds):
+            request, why = None, "a closed stdin, stdout or stderr"
+        handle = None if request is None else _ZYGOTE.launch(request, fds)  # type: ignore[arg-type]
+        if request is not None and handle is None:
+            why = "environment"
+        if why:
+            _trace(f"exec ({why})", [os.fsdecode(x) for x in a["args"]])
+        if request is None or handle is None:
             super()._execute_child(*args, **kwargs)  # type: ignore[misc]
             return
-        handle = _ZYGOTE.launch(request, fds)  # type: ignore[arg-type]
-        if handle is None:
-            super()._execute_child(*args, **kwargs)  # type: ignore[misc]
-            return
+        _trace("fork", request["argv"])
         sys.audit("subprocess.Popen", request["argv"][0], a["args"], a["cwd"], a["env"])
         self._close_pipe_fds(a["p2cread"], a["p2cwrite"], a["c2pread"],  # type: ignore[attr-defined]
                              a["c2pwrite"], a["errread"], a["errwrite"])
