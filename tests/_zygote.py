@@ -9,8 +9,10 @@ real, separate OS process with its own pid, which the test signals (``os.kill`` 
 ``Popen.pid``) and whose exit status it reads through ``Popen`` exactly as before.
 
 The client side (``install``, called by tests/conftest.py) replaces ``subprocess.Popen``
-with ``ZygotePopen``: a ``Popen`` whose program is this virtualenv's ``veracity`` script
-(however the test names it) is forked by the zygote; anything else (``pg_dump``, ``bash``,
+with ``ZygotePopen`` (and ``subprocess.run`` and asyncio's subprocesses use it): a ``Popen``
+whose program is this virtualenv's ``veracity`` script (however the test names it) is forked
+by the zygote, and ``os.waitpid`` answers for its pid too (asyncio's child watchers wait
+with it); anything else (``pg_dump``, ``bash``,
 ``sys.executable -c``), and any call using what the zygote cannot reproduce (``preexec_fn``,
 ``pass_fds``, ``close_fds=False``, ``user=``, an environment that changes how an
 interpreter starts: ``LD_PRELOAD``, ``PYTHONHASHSEED``, the locale, ...), execs as before.
@@ -48,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -528,6 +531,18 @@ class _Handle:
 
 
 _REAL_POPEN = subprocess.Popen
+_REAL_WAITPID = os.waitpid
+_HANDLES: weakref.WeakValueDictionary[int, _Handle] = weakref.WeakValueDictionary()
+"""The zygote's children of this process's live Popen objects, by pid."""
+
+
+def _waitpid(pid: int, options: int) -> tuple[int, int]:
+    """``os.waitpid``, which also waits for the zygote's children: asyncio's child
+    watchers wait for the pid of the Popen they started with it."""
+    handle = _HANDLES.get(pid)
+    if handle is None:
+        return _REAL_WAITPID(pid, options)
+    return handle.waitpid(options)
 _ZYGOTE = _Zygote()
 _SCRIPT: str | None = None
 _EXECUTE_CHILD = inspect.signature(_REAL_POPEN._execute_child)  # type: ignore[attr-defined]
@@ -564,19 +579,6 @@ def _exec_path(argv0: str, env: Mapping[str, str] | None, cwd: str) -> str | Non
     return None
 
 
-def _from_asyncio() -> bool:
-    """Popen called by asyncio's subprocess transport, whose child watcher waits with
-    ``os.waitpid`` on the pid (which a zygote's child is not a child of)."""
-    frame = sys._getframe(2)
-    for _ in range(4):
-        if frame is None:
-            return False
-        if str(frame.f_globals.get("__name__", "")).startswith("asyncio."):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
 def _request(a: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """The zygote request for a Popen (the arguments of ``_execute_child``), or None and
     why it execs (``""``: it does not run this virtualenv's ``veracity``)."""
@@ -600,7 +602,6 @@ def _request(a: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
         ("restore_signals=False", not a["restore_signals"]),
         ("umask=", a.get("umask", -1) >= 0),
         ("user=/group=", any(a.get(k) is not None for k in ("gid", "gids", "uid"))),
-        ("asyncio", _from_asyncio()),
         ("no such cwd", not os.path.isdir(cwd)),  # Popen's own exec raises the error
     ):
         if used:
@@ -654,6 +655,7 @@ class ZygotePopen(subprocess.Popen[Any]):
                              a["c2pwrite"], a["errread"], a["errwrite"])
         self._zygote = handle
         self.pid = handle.pid
+        _HANDLES[handle.pid] = handle
         self._child_created = True
         if handle.status is not None:
             with self._waitpid_lock:  # type: ignore[attr-defined]
@@ -694,11 +696,13 @@ def install() -> None:
     _SCRIPT = _veracity_script()
     if _SCRIPT is not None:
         subprocess.Popen = ZygotePopen  # type: ignore[misc]
+        os.waitpid = _waitpid
 
 
 def uninstall() -> None:
     """Exec again, and end the zygote (its children live on, as a real exec's would)."""
     subprocess.Popen = _REAL_POPEN  # type: ignore[misc]
+    os.waitpid = _REAL_WAITPID
     _ZYGOTE.stop()
 
 

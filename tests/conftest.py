@@ -28,9 +28,9 @@ Processes: the ``veracity`` processes the tests start (``subprocess.Popen``/``ru
 virtualenv's ``veracity`` script) are forked by a zygote, one per pytest process, that
 imported Veracity once (tests/_zygote.py): each is still a separate process with its own pid,
 signalled and waited for as before, but it no longer spends most of its CPU importing.
-Everything else, and whatever the zygote cannot reproduce (asyncio's subprocesses,
-``preexec_fn``, ``LD_PRELOAD``, ...), execs as before; so do a test marked ``real_exec``'s
-processes, and with ``VERACITY_TEST_EXEC=1`` every process.
+Everything else, and whatever the zygote cannot reproduce (``preexec_fn``, ``pass_fds``,
+``LD_PRELOAD``, ...), execs as before; so do a test marked ``real_exec``'s processes, and
+with ``VERACITY_TEST_EXEC=1`` every process.
 
 Fixtures are synchronous (the async store calls run in ``asyncio.run`` on a helper thread) so
 they never touch pytest-asyncio's per-test event loops.
