@@ -228,6 +228,8 @@ def serve(control: socket.socket) -> _Become | None:
             else:
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
+                if sock not in replies:
+                    continue  # reaped (and closed) earlier in this round
                 pid = replies[sock]
                 try:
                     data = sock.recv(64)
