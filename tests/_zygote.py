@@ -417,10 +417,10 @@ class _Zygote:
             return f.read()[-3000:]
         return ""
 
-    def launch(self, request: dict[str, Any], fds: tuple[int, int, int]) -> _Handle | None:
-        """Have the zygote fork the process of *request* (stdin, stdout, stderr: *fds*);
-        ``None`` if its environment would start an interpreter otherwise than the zygote's
-        (the caller execs)."""
+    def launch(self, request: dict[str, Any], fds: tuple[int, int, int]) -> _Handle | str:
+        """Have the zygote fork the process of *request* (stdin, stdout, stderr: *fds*); or
+        why the caller should exec it instead (its environment would start an interpreter
+        otherwise than the zygote's; its arguments do not fit in one message)."""
         reply, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with reply:
             try:
@@ -429,13 +429,13 @@ class _Zygote:
                         self._start()
                     assert self.control is not None
                     if startup_env(request["env"]) != self.baseline:
-                        return None
+                        return "environment"
                     try:
                         socket.send_fds(self.control, [json.dumps(request).encode()],
                                         [*fds, theirs.fileno()])
                     except OSError as exc:
                         if exc.errno == errno.EMSGSIZE:
-                            return None  # arguments larger than a message: exec
+                            return "arguments over a message's size"
                         raise
             finally:
                 theirs.close()
@@ -643,9 +643,10 @@ class ZygotePopen(subprocess.Popen[Any]):
                     for i, k in enumerate(("p2cread", "c2pwrite", "errwrite")))
         if request is not None and not all(_usable(fd) for fd in fds):
             request, why = None, "a closed stdin, stdout or stderr"
-        handle = None if request is None else _ZYGOTE.launch(request, fds)  # type: ignore[arg-type]
-        if request is not None and handle is None:
-            why = "environment"
+        launched = None if request is None else _ZYGOTE.launch(request, fds)  # type: ignore[arg-type]
+        handle = launched if isinstance(launched, _Handle) else None
+        if isinstance(launched, str):
+            why = launched
         if why:
             _trace(f"exec ({why})", [os.fsdecode(x) for x in a["args"]])
         if request is None or handle is None:
