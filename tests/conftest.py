@@ -24,6 +24,14 @@ serial run, while every other test runs side by side. A slow test marked
 could miss) stays in that group, so no other slow test runs beside it, but the other workers
 go on with their tests while it runs.
 
+Processes: the ``veracity`` processes the tests start (``subprocess.Popen``/``run`` of this
+virtualenv's ``veracity`` script) are forked by a zygote, one per pytest process, that
+imported Veracity once (tests/_zygote.py): each is still a separate process with its own pid,
+signalled and waited for as before, but it no longer spends most of its CPU importing.
+Everything else, and whatever the zygote cannot reproduce (``preexec_fn``, ``pass_fds``,
+``LD_PRELOAD``, ...), execs as before; so do a test marked ``real_exec``'s processes, and
+with ``VERACITY_TEST_EXEC=1`` every process.
+
 Fixtures are synchronous (the async store calls run in ``asyncio.run`` on a helper thread) so
 they never touch pytest-asyncio's per-test event loops.
 """
@@ -44,6 +52,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests import _zygote
 from tests._pg import (
     DEFAULT_URL,
     URL_ENV,
@@ -77,6 +86,11 @@ def pytest_configure(config: pytest.Config) -> None:
         tmpfs = tmpfs_with_room()
         if tmpfs is not None:
             tempfile.tempdir = str(tmpfs)  # where tmp_path_factory puts its numbered folders
+    _zygote.install()  # unless VERACITY_TEST_EXEC=1
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _zygote.uninstall()  # and wait for the zygote: its CPU time is this process's children's
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
@@ -134,9 +148,11 @@ def _run_lock(config: pytest.Config) -> RunLock | None:
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: waiting is not the test's time
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     lock = _run_lock(item.config)
-    if lock is None:
-        return (yield)
-    with lock.hold(exclusive=runs_alone(item)):
+    with contextlib.ExitStack() as stack:
+        if lock is not None:
+            stack.enter_context(lock.hold(exclusive=runs_alone(item)))
+        if item.get_closest_marker("real_exec") is not None:
+            stack.enter_context(_zygote.real_exec())  # its fixtures' processes too
         return (yield)
 
 

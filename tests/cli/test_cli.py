@@ -18,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.api._workers import register_workers
 from tests.api.conftest import stable
 from tests.conftest import run_async
@@ -358,6 +360,7 @@ def test_workers_lists_registered_workers(database_url: str, tmp_path: Path) -> 
     assert [i["id"] for i in ok_json(results["limited"])["items"]] == ["w-live"]
 
 
+@pytest.mark.real_exec  # the console script itself, as installed (tests/_zygote.py)
 def test_help_lists_the_commands(tmp_path: Path) -> None:
     out = ok(run(["--help"], base_env(f"sqlite:///{tmp_path}/x.db"), tmp_path))
     for command in ("server", "migrate", "submit", "get", "list", "history"):
