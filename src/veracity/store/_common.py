@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -15,11 +16,22 @@ OWNED_FROM: tuple[Status, ...] = (Status.RUNNING,)
 
 
 def owned_sources(target: Status) -> list[str]:
-    return [str(s) for s in sources_of(target, among=OWNED_FROM)]
+    return list(_owned_sources(target))
+
+
+@functools.cache
+def _owned_sources(target: Status) -> tuple[str, ...]:
+    # asked for every fenced write (twice per execution): the table does not change
+    return tuple(str(s) for s in sources_of(target, among=OWNED_FROM))
 
 
 def claim_sources() -> list[str]:
-    return [str(s) for s in sources_of(Status.RUNNING, among=(Status.PENDING,))]
+    return list(_claim_sources())
+
+
+@functools.cache
+def _claim_sources() -> tuple[str, ...]:
+    return tuple(str(s) for s in sources_of(Status.RUNNING, among=(Status.PENDING,)))
 
 
 def claim_split(ffqns: Sequence[str], deployment_id: str | None,

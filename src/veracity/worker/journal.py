@@ -167,6 +167,8 @@ class Journal:
     def unreached(self, end: int) -> list[tuple[int, str]]:
         """The recorded calls at ``end`` and after (position, call), in order: those a run
         that made only ``end`` calls never reached."""
+        if not self.entries or max(self.entries) < end:
+            return []  # the common case: every recorded call was reached
         return [(pos, describe(self.entries[pos])) for pos in sorted(self.entries)
                 if pos >= end]
 

@@ -82,6 +82,16 @@ def row_to_execution(row: Row) -> Execution:
     return _ops.execution_from(row)
 
 
+def _status_array(statuses: Sequence[str]) -> str:
+    """Statuses as a PostgreSQL array literal, for a ``%(...)s::text[]`` parameter: a batch
+    of completions names a status per execution, and psycopg's list dumper escapes each
+    element with a regular expression (a status is a plain lowercase word: no escaping)."""
+    for status in statuses:
+        if not status.replace("_", "").isalpha() or not status.islower():
+            raise ValueError(f"not a status: {status!r}")
+    return "{" + ",".join(statuses) + "}"
+
+
 def row_to_worker(row: Row) -> WorkerRecord:
     return WorkerRecord(
         id=row["id"],
@@ -420,14 +430,15 @@ class PostgresStore(SharedMethods):
             {
                 "ids": [i.claim.execution_id for i in unique],
                 "epochs": [i.claim.epoch for i in unique],
-                "to_statuses": [str(i.to) for i in unique],
+                "to_statuses": _status_array([str(i.to) for i in unique]),
                 "results": [Json(i.result) if i.to == Status.COMPLETED else None
                             for i in unique],
                 "errors": [Json(i.error) if i.error is not None else None for i in unique],
                 "events": [Json(i.event) for i in unique],
                 "retry_ins": [i.retry_in for i in unique],
                 "owner": owner,
-                "from_states": sorted({s for i in unique for s in owned_sources(i.to)}),
+                "from_states": _status_array(
+                    sorted({s for i in unique for s in owned_sources(i.to)})),
                 "now": self._now(),
             },
         )
