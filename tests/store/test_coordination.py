@@ -105,9 +105,10 @@ def test_lock_keys_are_the_same_in_every_release() -> None:
 
 
 async def _wakes_up(store: Store, make_work: Callable[[int], Awaitable[None]]) -> bool:
-    """Listen on a fresh subscription and do work until a wake-up arrives (LISTEN begins
-    with the first wait, so the first pieces of work may go unheard)."""
+    """Listen on a fresh subscription, take its first yield (it comes as soon as it listens,
+    before any notification), then do work until a wake-up arrives."""
     notifications = store.pending_notifications()
+    await asyncio.wait_for(anext(notifications), 10)  # listening now (it yields None)
     waiting = asyncio.ensure_future(anext(notifications))
     try:
         for i in range(100):
@@ -119,6 +120,27 @@ async def _wakes_up(store: Store, make_work: Callable[[int], Awaitable[None]]) -
     finally:
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)
+        await notifications.aclose()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_pending_notifications_say_when_they_listen_and_nothing_more_unasked(
+    store: Store,
+) -> None:
+    """A worker claims once, then listens: work that became pending in between could not be
+    heard, so the subscription yields once as soon as it listens (the worker looks again),
+    and after that only for a notification."""
+    assert store.supports_notifications
+    await store.execution_submit(new_execution("app.n"))  # pending before anyone listens
+    notifications = store.pending_notifications()
+    try:
+        await asyncio.wait_for(anext(notifications), 10)  # at once: no notification needed
+        nothing = asyncio.ensure_future(anext(notifications))
+        done, _ = await asyncio.wait({nothing}, timeout=0.5)
+        assert not done, "a wake-up without a notification"
+        nothing.cancel()
+        await asyncio.gather(nothing, return_exceptions=True)
+    finally:
         await notifications.aclose()  # type: ignore[attr-defined]
 
 

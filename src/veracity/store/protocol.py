@@ -292,8 +292,10 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
     async def worker_stop(self, worker_id: str) -> None: ...
 
     def pending_notifications(self) -> AsyncIterator[None]:
-        """Yield once per wake-up notification (an execution became pending). Only when
-        ``supports_notifications``; ends with an exception if the connection is lost."""
+        """Yield once as soon as it listens (an execution that became pending before could
+        not be heard: the caller looks for work now), then once per wake-up notification
+        (an execution became pending). Only when ``supports_notifications``; ends with an
+        exception if the connection is lost."""
 
     def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
         """Yield the id of each running execution asked to stop (PostgreSQL NOTIFY)."""

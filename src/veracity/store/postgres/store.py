@@ -690,6 +690,8 @@ class PostgresStore(SharedMethods):
         )
         try:
             await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            # listening now: what became pending before could not be heard, so look once
+            yield None
             async for _ in conn.notifies():
                 yield None
         finally:
