@@ -89,12 +89,6 @@ async def stop_worker(w: WorkerProcess) -> None:
     assert await w.wait(10) == 0, w.describe()
 
 
-# real_exec (tests/_zygote.py): through the zygote one of these two timed out waiting for the
-# worker to claim in 4 of 15 runs of this file (by exec: 1 of 13). Suspected, not shown: the
-# worker claims first right after it registers and LISTENs on a connection it opens then; a
-# submission between the two is heard only at the next poll (30 s here), and a worker that
-# no longer imports on its way makes that window likelier to be hit
-@pytest.mark.real_exec
 @pytest.mark.timeout(60)
 async def test_cancel_of_a_running_execution_arrives_by_notify(
     pg_url: str, store: Store, service: ExecutionService, procs: Processes
@@ -126,12 +120,6 @@ async def test_cancel_of_a_running_execution_arrives_by_notify(
     await stop_worker(a)
 
 
-# real_exec (tests/_zygote.py): through the zygote one of these two timed out waiting for the
-# worker to claim in 4 of 15 runs of this file (by exec: 1 of 13). Suspected, not shown: the
-# worker claims first right after it registers and LISTENs on a connection it opens then; a
-# submission between the two is heard only at the next poll (30 s here), and a worker that
-# no longer imports on its way makes that window likelier to be hit
-@pytest.mark.real_exec
 @pytest.mark.timeout(60)
 async def test_pause_of_a_running_execution_arrives_by_notify_and_unpause_resumes_it(
     pg_url: str, store: Store, service: ExecutionService, procs: Processes
