@@ -25,7 +25,7 @@ import pytest
 
 from tests.api.conftest import stable
 from tests.conftest import run_async
-from tests.worker._procs import DEPLOYMENT, Processes, WorkerProcess, wait_until
+from tests.worker._procs import DEPLOYMENT, Processes, wait_until
 
 APP = "veracity.examples.shop:app"
 ORDERS = "shop:orders/process.run"
@@ -327,7 +327,7 @@ async def test_server_recovers_the_execution_of_a_killed_worker(
     with server_process(tmp_path, env, port, ["--no-worker"]) as server:
         await asyncio.to_thread(server.wait_healthy)
         a = procs.worker(database_url, "A")  # lease TTL 1.5 s (tests.worker._procs)
-        a_id = await worker_registered(a)
+        a_id = await a.registered()
         async with httpx.AsyncClient(base_url=server.url, timeout=5.0) as client:
             created = await client.post("/v1/executions", json={
                 "ffqn": "test:steps/run.fn", "params": [str(marks), n_steps, 0.2]})
@@ -359,7 +359,7 @@ async def test_server_recovers_the_execution_of_a_killed_worker(
             assert back["lease_owner"] is None, back
 
             b = procs.worker(database_url, "B")
-            b_id = await worker_registered(b)
+            b_id = await b.registered()
 
             async def completed() -> dict[str, Any] | None:
                 body = await get()
@@ -390,16 +390,6 @@ async def test_server_recovers_the_execution_of_a_killed_worker(
     records = server.log_lines()
     started = next(r for r in records if r.get("message") == "started")
     assert started["worker"] is None, started  # --no-worker: it ran nothing itself
-
-
-async def worker_registered(w: WorkerProcess) -> str:
-    def registered() -> str | None:
-        assert w.alive, w.describe()
-        return w.worker_id()
-
-    found = await wait_until(registered, 15, what=f"{w.name} to register", describe=w.describe)
-    assert found is not None
-    return found
 
 
 def _drip(port: int, data: bytes) -> socket.socket:

@@ -182,6 +182,18 @@ class WorkerProcess:
                 return str(record["worker_id"])
         return None
 
+    async def registered(self, timeout: float = 15) -> str:
+        """Wait until it has registered (failing at once if it died); its worker id."""
+
+        def found() -> str | None:
+            assert self.alive, self.describe()
+            return self.worker_id()
+
+        worker_id = await wait_until(found, timeout, what=f"{self.name} to register",
+                                     describe=self.describe)
+        assert worker_id is not None
+        return worker_id
+
     def describe(self, tail: int = 40) -> str:
         lines = self.stderr_text().splitlines()[-tail:]
         return (f"--- {self.name} argv={self.argv} rc={self.returncode}\n"

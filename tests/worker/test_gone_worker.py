@@ -51,29 +51,26 @@ async def statuses(store: Store, ids: list[uuid.UUID]) -> list[Status]:
     return out
 
 
-async def worker_id(w: WorkerProcess) -> str:
-    def registered() -> str | None:
-        assert w.alive, w.describe()
-        return w.worker_id()
-
-    found = await wait_until(registered, 15, what=f"{w.name} to register", describe=w.describe)
-    assert found is not None
-    return found
+async def busy_worker(database_url: str, store: Store, procs: Processes, marks: Path,
+                      steps: int, n: int) -> tuple[WorkerProcess, str, list[uuid.UUID]]:
+    """Worker A, with long leases, in the middle of ``n`` executions of ``steps`` steps."""
+    a = procs.worker(database_url, "A", env=LONG_LEASE)
+    a_id = await a.registered()
+    ids = await submit(store, [str(marks), steps, 0.3], n=n)
+    await wait_until(lambda: sum(marks_of(marks).values()) >= n, 15,
+                     what="A to run some steps", describe=a.describe)
+    return a, a_id, ids
 
 
 @pytest.mark.timeout(60)
 async def test_a_worker_killed_with_9_is_recovered_long_before_its_leases_expire(
     database_url: str, store: Store, procs: Processes, tmp_path: Path
 ) -> None:
-    marks = tmp_path / "marks.txt"
-    a = procs.worker(database_url, "A", env=LONG_LEASE)
-    a_id = await worker_id(a)
-    ids = await submit(store, [str(marks), 4, 0.3], n=3)
-    await wait_until(lambda: sum(marks_of(marks).values()) >= 3, 15,
-                     what="A to run some steps", describe=a.describe)
+    a, a_id, ids = await busy_worker(database_url, store, procs, tmp_path / "marks.txt",
+                                     steps=4, n=3)
     a.kill9()
     b = procs.worker(database_url, "B", env=LONG_LEASE)
-    await worker_id(b)
+    await b.registered()
     # 60 s leases: within 30 s only B's recovery, seeing A's pid gone, can have done this
     await wait_until(lambda: _all(store, ids, Status.COMPLETED), 30,
                      what="every execution completed by B", describe=procs.describe)
@@ -95,15 +92,11 @@ async def test_a_worker_killed_with_9_is_recovered_long_before_its_leases_expire
 async def test_a_frozen_worker_is_not_gone_and_keeps_its_executions(
     database_url: str, store: Store, procs: Processes, tmp_path: Path
 ) -> None:
-    marks = tmp_path / "marks.txt"
-    a = procs.worker(database_url, "A", env=LONG_LEASE)
-    a_id = await worker_id(a)
-    ids = await submit(store, [str(marks), 3, 0.3], n=2)
-    await wait_until(lambda: sum(marks_of(marks).values()) >= 2, 15,
-                     what="A to run some steps", describe=a.describe)
+    a, a_id, ids = await busy_worker(database_url, store, procs, tmp_path / "marks.txt",
+                                     steps=3, n=2)
     a.signal(signal.SIGSTOP)
     b = procs.worker(database_url, "B", env=LONG_LEASE)
-    await worker_id(b)
+    await b.registered()
     # B's recovery ticks every 0.3 s from its start (the test above shows one tick is
     # enough to take a gone worker's executions); give it several, then look
     await asyncio.sleep(2.0)
