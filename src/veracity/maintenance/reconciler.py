@@ -146,7 +146,7 @@ class ReconcilerService:
             after = page[-1].id
             result.examined += len(page)
             self.metrics.examined.inc(len(page))
-            looks = await asyncio.gather(*(self._look(e, now, gate, result) for e in page))
+            looks = await self._look_all(page, now, gate, result)
             actions = [look.action for look in looks if look.action is not None]
             await self._still_ours()
             applied = await self.store.execution_reconcile_apply(actions)
@@ -158,6 +158,20 @@ class ReconcilerService:
             if len(page) < self.page_size:
                 break
         return result
+
+    async def _look_all(self, page: list[Execution], now: datetime, gate: asyncio.Semaphore,
+                        result: TickResult) -> list[Look]:
+        """Every look of a page. Once one finds the lock lost, the others are cancelled:
+        none may go on to ask the engine anything after the tick has ended."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._look(e, now, gate, result)) for e in page]
+        except BaseExceptionGroup as failed:
+            lost = failed.subgroup(LockLost)
+            if lost is not None:
+                raise lost.exceptions[0] from None
+            raise failed.exceptions[0] from failed
+        return [task.result() for task in tasks]
 
     async def _look(self, e: Execution, now: datetime, gate: asyncio.Semaphore,
                     result: TickResult) -> Look:
@@ -217,6 +231,6 @@ class ReconcilerService:
                    if look.inspection is not None else None})
 
     async def _still_ours(self) -> None:
-        if self._lock is not None and not await self._lock.held():
+        if self._lock is None or not await self._lock.held():  # no lock: not ours
             log.warning("the tick lost its lock; stopping without acting", extra=DOMAIN)
             raise LockLost("the reconciler lock was lost during the tick")
