@@ -241,11 +241,16 @@ SELECT * FROM claimed ORDER BY scheduled_at, id
 -- name: execution_leave_many_if_owned
 -- Every exit a worker makes from running, one execution or a batch of one owner's: each row
 -- guarded by the lease fence (veracity_holds_lease) with its own epoch, plus its event.
+-- The batch comes as one JSON array of [id, epoch, to_status, retry_in, result, error,
+-- event] rows: one parameter to encode, instead of a PostgreSQL array per column whose
+-- elements the driver escapes one by one. Result, error and event come as JSON texts inside
+-- JSON strings, so that PostgreSQL's JSON operators never unescape a NUL character of
+-- theirs (which text cannot hold); a SQL NULL result or error is a JSON null there.
 WITH input AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[], %(to_statuses)s::text[],
-                         %(results)s::json[], %(errors)s::json[], %(events)s::json[],
-                         %(retry_ins)s::float8[])
-        AS t(id, epoch, to_status, result, error, event, retry_in)
+    SELECT (r->>0)::uuid AS id, (r->>1)::bigint AS epoch, r->>2 AS to_status,
+           (r->>3)::float8 AS retry_in, (r->>4)::json AS result, (r->>5)::json AS error,
+           (r->>6)::json AS event
+    FROM json_array_elements(%(rows)s::json) AS r
 ), upd AS (
     UPDATE veracity_executions AS e SET
         status = input.to_status,
@@ -708,9 +713,12 @@ RETURNING *
 -- name: execution_checkpoint_many_if_owned
 -- Journal events of several executions of one owner in one statement (one commit): each
 -- row still guarded by its own epoch and lease. Each execution appears at most once.
+-- The batch comes as one JSON array of [id, epoch, kind, data] rows, data as a JSON text
+-- inside a JSON string (see execution_leave_many_if_owned).
 WITH input AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[], %(kinds)s::text[],
-                         %(datas)s::json[]) AS t(id, epoch, kind, data)
+    SELECT (r->>0)::uuid AS id, (r->>1)::bigint AS epoch, r->>2 AS kind,
+           (r->>3)::json AS data
+    FROM json_array_elements(%(rows)s::json) AS r
 ), own AS (
     UPDATE veracity_executions AS e SET history_seq = e.history_seq + 1
     FROM input

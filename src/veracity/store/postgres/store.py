@@ -142,6 +142,18 @@ def _json_param(value: Any) -> str:
     return json.dumps(value, default=_iso)
 
 
+def _json_text(value: Any) -> str:
+    """A JSON value's text, to travel inside a ``_json_rows`` row as a JSON string."""
+    return json.dumps(value)
+
+
+def _json_rows(rows: list[tuple[Any, ...]]) -> str:
+    """A batch's rows as one JSON array, for a ``json_array_elements(%(rows)s::json)``
+    input (see execution_leave_many_if_owned in queries.sql): one string to send, where a
+    PostgreSQL array per column would be escaped element by element."""
+    return json.dumps(rows)
+
+
 def _pg_param(value: Any) -> Any:
     if isinstance(value, _ops.JsonParam):
         return Json(value.value, dumps=_json_param)
@@ -428,14 +440,11 @@ class PostgresStore(SharedMethods):
         rows = await self._fetchall(
             "execution_leave_many_if_owned",
             {
-                "ids": [i.claim.execution_id for i in unique],
-                "epochs": [i.claim.epoch for i in unique],
-                "to_statuses": _status_array([str(i.to) for i in unique]),
-                "results": [Json(i.result) if i.to == Status.COMPLETED else None
-                            for i in unique],
-                "errors": [Json(i.error) if i.error is not None else None for i in unique],
-                "events": [Json(i.event) for i in unique],
-                "retry_ins": [i.retry_in for i in unique],
+                "rows": _json_rows([
+                    (str(i.claim.execution_id), i.claim.epoch, str(i.to), i.retry_in,
+                     _json_text(i.result) if i.to == Status.COMPLETED else None,
+                     None if i.error is None else _json_text(i.error), _json_text(i.event))
+                    for i in unique]),
                 "owner": owner,
                 "from_states": _status_array(
                     sorted({s for i in unique for s in owned_sources(i.to)})),
@@ -466,10 +475,8 @@ class PostgresStore(SharedMethods):
         rows = await self._fetchall(
             "execution_checkpoint_many_if_owned",
             {
-                "ids": [c.execution_id for c, _, _ in unique],
-                "epochs": [c.epoch for c, _, _ in unique],
-                "kinds": [k for _, k, _ in unique],
-                "datas": [Json(d) for _, _, d in unique],
+                "rows": _json_rows([(str(c.execution_id), c.epoch, k, _json_text(d))
+                                    for c, k, d in unique]),
                 "owner": owner,
                 "now": self._now(),
             },
