@@ -1,7 +1,7 @@
 """How Veracity's workers scale on one PostgreSQL (docs/scaling.md).
 
-For 1, 2 and 4 ``veracity worker`` processes at their defaults (concurrency 16), each run
-alone in a scratch database: ``--executions`` no-op executions inserted, the workers
+For 1, 2 and 4 ``veracity worker`` processes at their defaults (``worker.concurrency``
+128), each run alone in a scratch database: ``--executions`` no-op executions inserted, the workers
 started; then
 
 - executions/s: N over the first claim to the last completion, both the database's clock
@@ -29,6 +29,7 @@ import psycopg
 
 from bench._util import PG_URL, scratch_pg_database, server
 from bench.workers import insert_noops, migrate, worker_procs
+from veracity.config import WorkerSettings
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -85,7 +86,8 @@ def run(workers: int, n: int) -> str:
                 "FROM veracity_executions").fetchone()
             assert row is not None
             rate = n / float(row[0])
-        return (f"scaling  {workers} worker process(es), concurrency 16: {rate:,.0f} "
+        return (f"scaling  {workers} worker process(es), default concurrency "
+                f"{WorkerSettings().concurrency}: {rate:,.0f} "
                 f"executions/s; database CPU {db_cpu / n * 1000:.3f} ms and workers' CPU "
                 f"{w_cpu / n * 1000:.3f} ms per execution; connections idle {idle}, at most "
                 f"{busiest} ({n} no-op executions)")
