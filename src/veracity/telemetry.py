@@ -91,6 +91,7 @@ class Telemetry:
             self.executions.labels(str(status))
         for source in LATE_SOURCES:
             self.late_reports.labels(source)
+        self._ended: dict[tuple[str, Status], Any] = {}
 
     # -- what the code calls where things happen -------------------------------------
 
@@ -114,7 +115,11 @@ class Telemetry:
     def end_at(self, ffqn: str, status: Status, started_at: datetime | None,
                at: datetime) -> None:
         """An end this process wrote, known by its parts."""
-        self.ended.labels(ffqn, str(status)).inc()
+        key = (ffqn, status)
+        child = self._ended.get(key)
+        if child is None:  # labels() takes a lock and builds a key: once per pair
+            child = self._ended[key] = self.ended.labels(ffqn, str(status))
+        child.inc()
         if started_at is not None:
             self.ran.observe(max(0.0, (at - started_at).total_seconds()))
 

@@ -3,13 +3,40 @@
 from __future__ import annotations
 
 import functools
+import json
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+
+import orjson
 
 from veracity.core.states import Status, sources_of
 from veracity.models import JSON, Claim, Execution, ExecutionFilter, NewExecution
+
+# orjson reads an integer beyond 64 bits as a float: a run of 19 digits or more goes to the
+# standard library, which keeps it an int
+_LONG_DIGITS_B = re.compile(rb"[0-9]{19}")
+_LONG_DIGITS_S = re.compile(r"[0-9]{19}")
+
+
+def read_json(data: bytes | str) -> Any:
+    """A stored JSON value, read back: orjson, several times faster than the standard
+    library on every row a worker claims and completes, for what it reads exactly as the
+    standard library does. Long digit runs (orjson turns an integer beyond 64 bits into a
+    float) and whatever orjson refuses (a number too large for a float, NaN, a lone
+    surrogate) are read by the standard library, so every value reads back as before."""
+    long_digits = (_LONG_DIGITS_B.search(data) if isinstance(data, bytes)
+                   else _LONG_DIGITS_S.search(data))
+    if long_digits is None:
+        try:
+            return orjson.loads(data)
+        except ValueError:  # orjson.JSONDecodeError, or a str it cannot encode
+            pass
+    return json.loads(data)
+
 
 # the states a worker's fenced write may leave: exactly those the table allows
 OWNED_FROM: tuple[Status, ...] = (Status.RUNNING,)

@@ -239,7 +239,7 @@ class Context:
         self._journal = journal or Journal()
         self._position = 0
         self._interrupt: str | None = None
-        self._rng = rng or random.Random()
+        self._rng = rng  # made at the first retry's jitter: seeding one costs a syscall
         self._lease_valid = lease_valid or (lambda: True)
         self._clock_base = clock_base or datetime.now(UTC)
         self._mono_base = time.monotonic()
@@ -391,6 +391,8 @@ class Context:
                 if policy.should_retry(attempts, exc):
                     if self._telemetry is not None:
                         self._telemetry.step_retry(self._ffqn)
+                    if self._rng is None:
+                        self._rng = random.Random()
                     await asyncio.sleep(policy.delay(attempts, self._rng.random()))
                     self._check()
                     continue

@@ -268,10 +268,12 @@ WITH input AS (
       AND e.status = ANY (%(from_states)s::text[])
       AND veracity_holds_lease(e.status, e.lease_owner, e.lease_epoch, e.lease_expires_at,
                                %(owner)s, input.epoch, coalesce(%(now)s::timestamptz, now()))
-    RETURNING e.*, input.event
+    RETURNING e.*
 ), ev AS (
+    -- the event joined here, not returned with the row: nobody reads it back
     INSERT INTO veracity_history (execution_id, seq, kind, at, data)
-    SELECT id, history_seq, status, updated_at, event FROM upd
+    SELECT upd.id, upd.history_seq, upd.status, upd.updated_at, input.event
+    FROM upd JOIN input ON input.id = upd.id
 )
 SELECT *, (CASE WHEN status IN ('completed', 'failed', 'failed_transient', 'cancelled')
         THEN pg_notify('veracity_ended', '') END) IS NULL AS ended_note

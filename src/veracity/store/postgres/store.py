@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import Json
+from psycopg.types.json import Json, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from veracity.clock import Clock
@@ -55,6 +55,7 @@ from veracity.store._common import (
     leave_batch,
     lock_key,
     owned_sources,
+    read_json,
     require_aware,
 )
 from veracity.store._shared import SharedMethods
@@ -211,6 +212,7 @@ class PostgresStore(SharedMethods):
         await first.close()
 
         async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            set_json_loads(read_json, conn)
             await conn.execute("SET TIME ZONE 'UTC'")
 
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(

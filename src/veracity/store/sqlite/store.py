@@ -61,6 +61,7 @@ from veracity.store._common import (
     late_report_event,
     leave_batch,
     owned_sources,
+    read_json,
     require_aware,
 )
 from veracity.store._shared import SharedMethods
@@ -90,14 +91,14 @@ def _dumps(value: JSON) -> str:
 
 
 def _loads(value: str | None) -> JSON:
-    return None if value is None else json.loads(value)
+    return None if value is None else read_json(value)
 
 
 def row_to_execution(row: sqlite3.Row) -> Execution:
     return Execution(
         id=uuid.UUID(row["id"]),
         ffqn=row["ffqn"],
-        params=json.loads(row["params"]),
+        params=read_json(row["params"]),
         status=Status(row["status"]),
         result=_loads(row["result"]),
         error=_loads(row["error"]),
@@ -174,7 +175,7 @@ def row_to_event(row: sqlite3.Row) -> HistoryEvent:
         seq=row["seq"],
         kind=row["kind"],
         at=from_us(row["at"]),
-        data=json.loads(row["data"]),
+        data=read_json(row["data"]),
     )
 
 
@@ -812,7 +813,7 @@ def _normalise(row: sqlite3.Row) -> dict[str, Any]:
             elif key in TIME_COLUMNS:
                 value = from_us(value)
             elif key in JSON_COLUMNS:
-                value = json.loads(value)
+                value = read_json(value)
         out[key] = value
     return out
 
