@@ -201,3 +201,26 @@ def _claimed(node: dict[str, Any]) -> int:
         return int(node["Actual Rows"])
     return sum(_claimed(c) for c in node.get("Plans", []))
 
+
+
+def test_the_stores_connections_do_not_jit(filled: str) -> None:
+    """The planner turns JIT on by cost estimate alone; on a large table a list page that
+    reads a few pages was estimated above jit_above_cost and spent some 240 ms compiling
+    (the FFQN-prefix filter at 10M rows, bench/README.md, Growth). The store's
+    connections run without it."""
+    from tests.conftest import run_async
+    from veracity.store import open_store
+    from veracity.store.postgres.store import PostgresStore
+
+    async def setting() -> Any:
+        store = await open_store(filled)
+        try:
+            assert isinstance(store, PostgresStore)
+            async with store._pool.connection() as conn:
+                row = await (await conn.execute("SHOW jit")).fetchone()
+        finally:
+            await store.close()
+        return row
+
+    row = run_async(setting())
+    assert row is not None and row["jit"] == "off", row
