@@ -159,3 +159,68 @@ def test_the_lists_indexes_never_serve_a_claim(filled: str) -> None:
     used = indexes(plan[0]["Plan"])
     assert "veracity_executions_unfinished" in used, used
     assert not used & LIST_INDEXES, used
+
+
+def _rows_read(plan: dict[str, Any]) -> int:
+    return sum((n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"]
+               for n in scans(plan))
+
+
+def _pending_unknown_to_statistics(conn: psycopg.Connection[Any], n: int) -> None:
+    conn.execute(
+        "INSERT INTO veracity_executions (id, ffqn, params, status, deployment_id, "
+        "scheduled_at, created_at, updated_at, history_seq) "
+        "SELECT gen_random_uuid(), 'bench:noop/run.fn', '[]', 'pending', 'bench', "
+        "now(), now(), now(), 1 FROM generate_series(1, %(n)s)", {"n": n})
+
+
+def test_a_claim_reads_its_batch_not_every_pending_row(filled: str) -> None:
+    """With 2,000 pending rows the statistics do not know of (they were gathered when none
+    was pending, and 2,000 new rows are far under autovacuum's re-analyze threshold on a
+    large table), a claim of 16 reads about 16 rows: its UPDATE finds the chosen rows by
+    primary key. When its WHERE repeated the status guard on the updated table, the
+    planner could prove the partial indexes' predicates from it and, believing them
+    nearly empty, joined through one: every pending row read on every claim (the growth
+    benchmark's claims at 1M, bench/README.md)."""
+    from datetime import timedelta
+
+    with psycopg.connect(filled, prepare_threshold=None) as conn:
+        _pending_unknown_to_statistics(conn, 2000)
+        (plan,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _q("execution_claim"), {
+            "deployment_id": "bench", "now": None, "pinned": ["bench:noop/run.fn"],
+            "upgrading": [], "limit": 16, "owner": "w", "ttl": timedelta(seconds=120),
+            "from_states": ["pending"]}).fetchall()
+        conn.rollback()
+    top = plan[0]["Plan"]
+    assert _claimed(top) == 16
+    assert _rows_read(top) <= 4 * 16, _rows_read(top)
+
+
+def _claimed(node: dict[str, Any]) -> int:
+    if node.get("Node Type") == "ModifyTable":
+        return int(node["Actual Rows"])
+    return sum(_claimed(c) for c in node.get("Plans", []))
+
+
+
+def test_the_stores_connections_do_not_jit(filled: str) -> None:
+    """The planner turns JIT on by cost estimate alone; on a large table a list page that
+    reads a few pages was estimated above jit_above_cost and spent some 240 ms compiling
+    (the FFQN-prefix filter at 10M rows, bench/README.md, Growth). The store's
+    connections run without it."""
+    from tests.conftest import run_async
+    from veracity.store import open_store
+    from veracity.store.postgres.store import PostgresStore
+
+    async def setting() -> Any:
+        store = await open_store(filled)
+        try:
+            assert isinstance(store, PostgresStore)
+            async with store._pool.connection() as conn:
+                row = await (await conn.execute("SHOW jit")).fetchone()
+        finally:
+            await store.close()
+        return row
+
+    row = run_async(setting())
+    assert row is not None and row["jit"] == "off", row

@@ -190,8 +190,13 @@ LIMIT %(limit)s
 -- A row the second scan locked that the LIMIT leaves out is unlocked at the statement's
 -- end, unclaimed. The CTEs pin the LIMITs: without them the planner may lock and update
 -- more rows. deployment_id NULL: every workflow is in %(upgrading)s (tools and tests).
+-- The UPDATE finds each chosen row by primary key and checks the status the CTE read under
+-- its lock (no one else can change it since): a guard on e.status itself lets the planner
+-- prove the partial indexes' predicates and, with statistics gathered when few rows were
+-- pending (pending rows are few among many ended ones), join through one of them instead,
+-- reading every pending row per claim (tests/store/test_list_plans.py).
 WITH pinned AS (
-    SELECT id, scheduled_at FROM veracity_executions
+    SELECT id, scheduled_at, status FROM veracity_executions
     WHERE deployment_id = %(deployment_id)s::text
       AND status = 'pending'
       AND scheduled_at <= coalesce(%(now)s::timestamptz, now())
@@ -201,10 +206,10 @@ WITH pinned AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), upgrading AS (
-    SELECT u.id, u.scheduled_at
+    SELECT u.id, u.scheduled_at, u.status
     FROM unnest(%(upgrading)s::text[]) AS w(ffqn)
     CROSS JOIN LATERAL (
-        SELECT x.id, x.scheduled_at FROM veracity_executions AS x
+        SELECT x.id, x.scheduled_at, x.status FROM veracity_executions AS x
         WHERE x.ffqn = w.ffqn
           AND x.status = 'pending'
           AND x.scheduled_at <= coalesce(%(now)s::timestamptz, now())
@@ -213,7 +218,7 @@ WITH pinned AS (
         FOR UPDATE SKIP LOCKED
     ) AS u
 ), due AS (
-    SELECT id FROM (SELECT * FROM pinned UNION ALL SELECT * FROM upgrading) AS found
+    SELECT id, status FROM (SELECT * FROM pinned UNION ALL SELECT * FROM upgrading) AS found
     ORDER BY scheduled_at, id
     LIMIT %(limit)s
 ), claimed AS (
@@ -227,7 +232,7 @@ WITH pinned AS (
         updated_at = coalesce(%(now)s::timestamptz, now()),
         history_seq = e.history_seq + 1
     FROM due
-    WHERE e.id = due.id AND e.status = ANY (%(from_states)s::text[])
+    WHERE e.id = due.id AND due.status = ANY (%(from_states)s::text[])
     RETURNING e.*
 ), ev AS (
     INSERT INTO veracity_history (execution_id, seq, kind, at, data)
@@ -591,9 +596,11 @@ WHERE lease_owner = %(owner)s
   AND (cancel_requested_at IS NOT NULL OR pause_requested_at IS NOT NULL)
 
 -- name: execution_wake_due
--- oldest timer first, in the answer too (an UPDATE's RETURNING has no order of its own)
+-- oldest timer first, in the answer too (an UPDATE's RETURNING has no order of its own);
+-- the status checked is the one read under the lock, as in execution_claim (a guard on
+-- e.status let the UPDATE read every unfinished row, even when no timer was due)
 WITH due AS (
-    SELECT id, wake_at FROM veracity_executions
+    SELECT id, wake_at, status FROM veracity_executions
     WHERE status = 'blocked' AND cancel_requested_at IS NULL
       AND wake_at <= coalesce(%(now)s::timestamptz, now())
     ORDER BY wake_at
@@ -605,7 +612,7 @@ WITH due AS (
         updated_at = coalesce(%(now)s::timestamptz, now()),
         history_seq = e.history_seq + 1
     FROM due
-    WHERE e.id = due.id AND e.status = ANY (%(from_states)s::text[])
+    WHERE e.id = due.id AND due.status = ANY (%(from_states)s::text[])
     RETURNING e.*, due.wake_at AS due_at
 )
 SELECT * FROM woken ORDER BY due_at, id

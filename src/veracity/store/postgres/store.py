@@ -214,6 +214,12 @@ class PostgresStore(SharedMethods):
         async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
             set_json_loads(read_json, conn)
             await conn.execute("SET TIME ZONE 'UTC'")
+            # Every statement here reads a few pages; JIT compiling one costs hundreds of
+            # milliseconds. The planner turns it on by its cost estimate alone, which on a
+            # large table exceeds jit_above_cost for plans that read next to nothing (the
+            # list's FFQN-prefix probe at 10M rows: 237 ms, nearly all of it compiling;
+            # bench/README.md, Growth).
+            await conn.execute("SET jit = off")
 
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             url,
