@@ -78,7 +78,10 @@ class EchoServer:
         self._server.daemon_threads = True
         self.port: int = self._server.server_address[1]
         self.origin = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # serve_forever looks for shutdown() every poll_interval (0.5 s by default): each
+        # stop() waited for that, 1 s a test of test_http.py's three servers
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.02}, daemon=True)
 
     def requests(self, path_prefix: str = "/") -> list[Seen]:
         with self._lock:
