@@ -1,12 +1,7 @@
-"""The seeded fault soak (bench/soak), one minute of it with a fixed seed: a mixed workload
+"""The seeded fault soak (bench/soak), two minutes of it with a fixed seed: a mixed workload
 on a private PostgreSQL cluster, a server and two workers, with every kind of fault of the
 schedule injected at least once; after the drain the invariant checker finds no violation.
-(`make soak` runs ten minutes; bench/README.md has the figures of such a run.)
-
-One minute at four submissions a second: the same workload as two minutes at the default
-two (about 205 submissions for this seed, the thresholds below unchanged), and this seed's
-one-minute schedule still holds every kind of fault (10 faults; two minutes held 23, and
-the test asks for every kind, not a count)."""
+(`make soak` runs ten minutes; bench/README.md has the figures of such a run.)"""
 
 from __future__ import annotations
 
@@ -23,21 +18,19 @@ from tests._pg import find_pg_bin_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEED = 2024
-MINUTES = 1
-RATE = 4  # submissions a second: twice the default, for the workload of two minutes
+MINUTES = 2
 
 
 @pytest.mark.slow(alone=False)  # no other slow test beside it; the quick ones go on
 @pytest.mark.timeout(900)
-def test_a_one_minute_soak_breaks_no_guarantee(tmp_path: Path) -> None:
+def test_a_two_minute_soak_breaks_no_guarantee(tmp_path: Path) -> None:
     if find_pg_bin_dir() is None:
         missing("PostgreSQL's server binaries (initdb, pg_ctl) are needed for the soak's "
                 "private cluster")
     report = tmp_path / "soak.json"
     soak = subprocess.Popen(
         [sys.executable, "-m", "bench.soak", "--seed", str(SEED), "--minutes", str(MINUTES),
-         "--rate", str(RATE), "--workers", "2", "--workdir", str(tmp_path / "soak"),
-         "--json", str(report)],
+         "--workers", "2", "--workdir", str(tmp_path / "soak"), "--json", str(report)],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = soak.communicate(timeout=780)
