@@ -29,6 +29,30 @@ def new_execution_id() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
+def new_execution_ids(count: int) -> list[uuid.UUID]:
+    """``count`` ids as :func:`new_execution_id` makes them one after the other (strictly
+    increasing, after every id made before), with one read of random bytes and one take
+    of the lock (a batch submission's 1,000 ids)."""
+    global _last
+    ms = time.time_ns() // 1_000_000
+    noise = os.urandom(10 * count)
+    values: list[int] = []
+    with _lock:
+        last = _last
+        for i in range(count):
+            rand = int.from_bytes(noise[10 * i:10 * i + 10], "big") >> 6
+            at = ms
+            if (at, rand) <= last:
+                at, rand = last[0], last[1] + 1
+                if rand >> 74:
+                    at, rand = at + 1, 0
+            last = (at, rand)
+            values.append((at & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | (rand >> 62) << 64
+                          | 0x2 << 62 | (rand & ((1 << 62) - 1)))
+        _last = last
+    return [uuid.UUID(int=value) for value in values]
+
+
 def parse_execution_id(text: str) -> uuid.UUID:
     """Parse an id given by a user; raises ValueError if it is not a UUID."""
     if len(text) > 64:

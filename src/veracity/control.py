@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
+import functools
 import hashlib
 import json
 import logging
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from veracity._ids import new_execution_id, parse_execution_id
+from veracity._ids import new_execution_id, new_execution_ids, parse_execution_id
 from veracity.core.cron import CronEntry
 from veracity.core.deployments import Coverage, LiveWorker, is_live
 from veracity.core.ffqn import (
@@ -192,9 +194,19 @@ class SubmitItem:
     paused: bool = False
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)
+
+
 def canonical_json(value: JSON) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    """JSON with sorted keys, no spaces, text as it is (json.dumps with those options: one
+    encoder made once, as a batch makes 1,000 of these)."""
+    return _CANONICAL.encode(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _json_text(ffqn: str) -> str:
+    return json.dumps(ffqn, ensure_ascii=False)
 
 
 def request_digest(
@@ -211,9 +223,9 @@ def digest_of(ffqn: str, params_json: str, scheduled_at: datetime | None,
     """:func:`request_digest` from the params' canonical JSON, already made: the
     canonical JSON of the whole body is written out (keys in sorted order) instead of
     encoding the params again."""
-    when = json.dumps(scheduled_at.astimezone(UTC).isoformat() if scheduled_at else None)
+    when = json.dumps(scheduled_at.astimezone(UTC).isoformat()) if scheduled_at else "null"
     held = ',"paused":true' if paused else ""
-    text = (f'{{"ffqn":{json.dumps(ffqn, ensure_ascii=False)},"params":{params_json}'
+    text = (f'{{"ffqn":{_json_text(ffqn)},"params":{params_json}'
             f'{held},"scheduled_at":{when}}}')
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -362,10 +374,15 @@ class ExecutionService:
             raise InvalidInput(f"params do not fit workflow {ffqn}: {problem}",
                                code="invalid_params")
 
-    def _new(self, item: SubmitItem) -> NewExecution:
+    def _new(self, item: SubmitItem, ident: uuid.UUID | None = None,
+             known: set[str] | None = None) -> NewExecution:
         """Check one submission whole (bad input raises, naming what is wrong) and build
-        the execution to insert."""
-        self._check_workflow(item.ffqn)
+        the execution to insert (with id ``ident``, or a new one). ``known``: workflow
+        names checked already (a batch checks each name once)."""
+        if known is None or item.ffqn not in known:
+            self._check_workflow(item.ffqn)
+            if known is not None:
+                known.add(item.ffqn)
         params = item.params
         if isinstance(params, str | bytes) or not isinstance(params, Sequence):
             raise InvalidInput("params must be a JSON array", code="invalid_params")
@@ -388,7 +405,7 @@ class ExecutionService:
             ffqn=item.ffqn,
             params=param_list,
             deployment_id=self.deployment_id,
-            id=new_execution_id(),
+            id=ident if ident is not None else new_execution_id(),
             idempotency_key=key,
             request_digest=digest,
             scheduled_at=item.scheduled_at,
@@ -427,11 +444,13 @@ class ExecutionService:
         why), listed with the others."""
         out: list[NewExecution] = []
         bad: list[dict[str, object]] = []
+        ids = new_execution_ids(len(items))
+        known: set[str] = set()
         for index, item in enumerate(items):
             try:
                 if refused and index in refused:
                     raise refused[index]
-                out.append(self._new(item))
+                out.append(self._new(item, ids[index], known))
             except VeracityError as exc:
                 bad.append({"index": index, "code": exc.code, "message": exc.message})
         if bad:
@@ -469,8 +488,9 @@ class ExecutionService:
         if any(s.created for s in submitted) and self.on_submitted is not None:
             self.on_submitted()
         if self.telemetry is not None:
-            for s in submitted:
-                self.telemetry.submitted(s.execution.ffqn, created=s.created)
+            counts = collections.Counter((s.execution.ffqn, s.created) for s in submitted)
+            for (ffqn, created), count in counts.items():
+                self.telemetry.submitted(ffqn, created=created, count=count)
         return [(s.execution, s.created) for s in submitted]
 
     async def get(self, execution_id: str | uuid.UUID) -> Execution:

@@ -95,8 +95,8 @@ class Telemetry:
 
     # -- what the code calls where things happen -------------------------------------
 
-    def submitted(self, ffqn: str, *, created: bool) -> None:
-        self.submissions.labels(ffqn, "created" if created else "existing").inc()
+    def submitted(self, ffqn: str, *, created: bool, count: int = 1) -> None:
+        self.submissions.labels(ffqn, "created" if created else "existing").inc(count)
 
     def started(self, execution: Execution) -> None:
         """A claim: the first one of an execution observes its time in the queue."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from pydantic_core import to_json
@@ -40,3 +40,24 @@ def test_plain_json_is_the_models_json(execution: Execution) -> None:
     plain = to_json(ExecutionOut.plain(execution)).decode()
     assert json.loads(plain) == json.loads(model)
     assert plain == model  # the same text, key order included
+
+
+def test_json_many_is_to_json_of_each_plain_item() -> None:
+    """The batch route's text of each execution: exactly the plain dict's to_json, here
+    with repeated and differing values (times in other offsets for one instant, keys
+    that need escaping, big and float numbers, non-ASCII text)."""
+    elsewhere = AT.astimezone(timezone(timedelta(hours=2)))
+    executions = [
+        BASE,
+        dataclasses.replace(BASE, id=uuid.uuid4(), scheduled_at=elsewhere,
+                            idempotency_key='k "quoted" \\ \n ü', params=[{"z": 1.5e300}]),
+        dataclasses.replace(BASE, id=uuid.uuid4(), created_at=AT.replace(microsecond=0),
+                            status=Status.PAUSED, deployment_id="d-2", attempt=3),
+        dataclasses.replace(BASE, status=Status.COMPLETED, result={"z": [1, {"a": "🎉"}]},
+                            parent_id=uuid.uuid4(), retry_of=uuid.uuid4(), lease_epoch=7,
+                            started_at=elsewhere, error=None, end_request={"a": True}),
+    ]
+    texts = ExecutionOut.json_many(executions)
+    assert texts == [to_json(ExecutionOut.plain(e)).decode() for e in executions]
+    assert texts[1] != texts[0].replace(str(BASE.id), str(executions[1].id))
+    assert '"scheduled_at":"2026-12-01T20:05:07.123456+02:00"' in texts[1]

@@ -36,7 +36,8 @@ VALUES (:execution_id, :seq, :kind, :at, :data)
 -- name: execution_submit_many
 -- rows [{id, ffqn, params, paused, deployment_id, idempotency_key, request_digest,
 -- scheduled_at}]: a batch of submissions (history_of_submitted writes their events);
--- a key that exists is skipped
+-- a key that exists is skipped. Answers what the database chose for each row inserted
+-- (the rest is what was sent).
 INSERT INTO veracity_executions (
     id, ffqn, params, status, paused_from, attempt, deployment_id, idempotency_key,
     request_digest, scheduled_at, created_at, updated_at, history_seq)
@@ -49,7 +50,7 @@ SELECT json_extract(value, '$.id'), json_extract(value, '$.ffqn'),
        coalesce(json_extract(value, '$.scheduled_at'), :now), :now, :now, 1
 FROM json_each(:rows) WHERE true
 ON CONFLICT DO NOTHING
-RETURNING *
+RETURNING id, scheduled_at, created_at, updated_at, 0 AS events_written
 
 -- name: history_of_submitted
 -- the first events of executions a batch inserted, with the data execution_submit gives
