@@ -15,24 +15,13 @@ _last = (0, 0)  # (milliseconds, 74 random bits) of the newest id
 
 
 def new_execution_id() -> uuid.UUID:
-    global _last
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big") >> 6  # 74 bits
-    with _lock:
-        if (ms, rand) <= _last:  # same millisecond (or the clock stepped back): keep order
-            ms, rand = _last[0], _last[1] + 1
-            if rand >> 74:
-                ms, rand = ms + 1, 0
-        _last = (ms, rand)
-    rand_a, rand_b = rand >> 62, rand & ((1 << 62) - 1)
-    value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | rand_a << 64 | 0x2 << 62 | rand_b
-    return uuid.UUID(int=value)
+    return new_execution_ids(1)[0]
 
 
 def new_execution_ids(count: int) -> list[uuid.UUID]:
-    """``count`` ids as :func:`new_execution_id` makes them one after the other (strictly
-    increasing, after every id made before), with one read of random bytes and one take
-    of the lock (a batch submission's 1,000 ids)."""
+    """``count`` new ids, strictly increasing and after every id made before in this
+    process, with one read of random bytes and one take of the lock (a batch submission
+    makes its 1,000 ids in one go)."""
     global _last
     ms = time.time_ns() // 1_000_000
     noise = os.urandom(10 * count)
@@ -42,7 +31,7 @@ def new_execution_ids(count: int) -> list[uuid.UUID]:
         for i in range(count):
             rand = int.from_bytes(noise[10 * i:10 * i + 10], "big") >> 6
             at = ms
-            if (at, rand) <= last:
+            if (at, rand) <= last:  # same millisecond (or the clock stepped back): keep order
                 at, rand = last[0], last[1] + 1
                 if rand >> 74:
                     at, rand = at + 1, 0

@@ -143,18 +143,6 @@ def _json_param(value: Any) -> str:
     return json.dumps(value, default=_iso)
 
 
-def _json_text(value: Any) -> str:
-    """A JSON value's text, to travel inside a ``_json_rows`` row as a JSON string."""
-    return json.dumps(value)
-
-
-def _json_rows(rows: list[tuple[Any, ...]]) -> str:
-    """A batch's rows as one JSON array, for a ``json_array_elements(%(rows)s::json)``
-    input (see execution_leave_many_if_owned in queries.sql): one string to send, where a
-    PostgreSQL array per column would be escaped element by element."""
-    return json.dumps(rows)
-
-
 def _pg_param(value: Any) -> Any:
     if isinstance(value, _ops.JsonParam):
         return Json(value.value, dumps=_json_param)
@@ -448,10 +436,12 @@ class PostgresStore(SharedMethods):
         rows = await self._fetchall(
             "execution_leave_many_if_owned",
             {
-                "rows": _json_rows([
+                # one JSON array of rows, each value's JSON text a string in it (see
+                # execution_leave_many_if_owned in queries.sql)
+                "rows": json.dumps([
                     (str(i.claim.execution_id), i.claim.epoch, str(i.to), i.retry_in,
-                     _json_text(i.result) if i.to == Status.COMPLETED else None,
-                     None if i.error is None else _json_text(i.error), _json_text(i.event))
+                     json.dumps(i.result) if i.to == Status.COMPLETED else None,
+                     None if i.error is None else json.dumps(i.error), json.dumps(i.event))
                     for i in unique]),
                 "owner": owner,
                 "from_states": _status_array(
@@ -483,7 +473,9 @@ class PostgresStore(SharedMethods):
         rows = await self._fetchall(
             "execution_checkpoint_many_if_owned",
             {
-                "rows": _json_rows([(str(c.execution_id), c.epoch, k, _json_text(d))
+                # one JSON array of rows, each value's JSON text a string in it (see
+                # execution_leave_many_if_owned in queries.sql)
+                "rows": json.dumps([(str(c.execution_id), c.epoch, k, json.dumps(d))
                                     for c, k, d in unique]),
                 "owner": owner,
                 "now": self._now(),
