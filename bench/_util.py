@@ -18,6 +18,8 @@ import httpx
 import psycopg
 from psycopg import sql
 
+from veracity._tls import ssl_context
+
 PG_URL = os.environ.get(
     "VERACITY_BENCH_DATABASE_URL",
     os.environ.get("VERACITY_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
@@ -70,7 +72,7 @@ def server(database_url: str, app: str = "veracity.examples.shop:app",
         deadline = time.monotonic() + 20
         while True:
             try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{url}/healthz", timeout=1, verify=ssl_context()).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

@@ -26,6 +26,7 @@ import pytest
 from tests.api.conftest import stable
 from tests.conftest import run_async
 from tests.worker._procs import DEPLOYMENT, Processes, wait_until
+from veracity._tls import ssl_context
 
 APP = "veracity.examples.shop:app"
 ORDERS = "shop:orders/process.run"
@@ -72,7 +73,7 @@ class Server:
 
     def wait_healthy(self) -> dict[str, Any]:
         deadline = time.monotonic() + START_TIMEOUT
-        with httpx.Client(timeout=1.0) as client:
+        with httpx.Client(timeout=1.0, verify=ssl_context()) as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise AssertionError(f"server exited with {self.proc.returncode} before "

@@ -30,6 +30,7 @@ from tests._pg import TempCluster, free_port
 from bench.soak import schedule as sch
 from bench.soak.app import MARKS_ENV
 from bench.soak.workload import EXTERNAL
+from veracity._tls import ssl_context
 from veracity.testing.fake_n8n import FakeN8n, serve_in_thread
 from veracity.testing.fake_n8n.scripts import CallbackMode
 
@@ -241,7 +242,8 @@ class Rig:
             if not self.server.alive:
                 raise SystemExit(f"the server exited:\n{self.server.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.api_url}/healthz", timeout=2).status_code == 200:
+                answer = httpx.get(f"{self.api_url}/healthz", timeout=2, verify=ssl_context())
+                if answer.status_code == 200:
                     return
             time.sleep(0.1)
         raise SystemExit(f"the server did not answer within {timeout:g} s:\n"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -23,6 +24,8 @@ from datetime import datetime
 from typing import Any
 
 import httpx
+
+from veracity._tls import ssl_context
 
 __all__ = [
     "DEFAULT_URL",
@@ -260,6 +263,11 @@ def _submission(ffqn: str, params: Sequence[Any], idempotency_key: str | None,
 # -- the clients -------------------------------------------------------------------------------
 
 
+def _verify(transport: object) -> ssl.SSLContext | bool:
+    # the process's one context (veracity._tls), unless a transport of the caller's is used
+    return ssl_context() if transport is None else True
+
+
 class Client:
     """A blocking client. ``url`` defaults to ``VERACITY_URL`` (else
     ``http://127.0.0.1:8000``), ``token`` to ``VERACITY_TOKEN``; ``timeout`` bounds each
@@ -272,7 +280,7 @@ class Client:
         self.url = base
         self.timeout = timeout
         self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout,
-                                  transport=transport)
+                                  transport=transport, verify=_verify(transport))
 
     def __enter__(self) -> Client:
         return self
@@ -388,7 +396,7 @@ class AsyncClient:
         self.url = base
         self.timeout = timeout
         self._http = httpx.AsyncClient(base_url=base, headers=headers, timeout=timeout,
-                                       transport=transport)
+                                       transport=transport, verify=_verify(transport))
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from veracity._tls import ssl_context
 from veracity.adapters import (
     CallbackInfo,
     Engine,
@@ -95,7 +96,7 @@ class Recording(httpx.AsyncBaseTransport):
     """Real HTTP, with every request the adapter sends kept for the test to look at."""
 
     def __init__(self) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
+        self.inner = httpx.AsyncHTTPTransport(verify=ssl_context())
         self.requests: list[httpx.Request] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -603,7 +604,7 @@ async def test_inspect_in_the_start_up_window_is_not_ready_on_both_paths(
     httpx and the aiohttp paths alike; after it, the run as it is, and ``not_found``."""
     clock, fake, url = restarting
     async with (
-        N8nEngine(config(url), transport=httpx.AsyncHTTPTransport()) as slow,
+        N8nEngine(config(url), transport=httpx.AsyncHTTPTransport(verify=ssl_context())) as slow,
         N8nEngine(config(url)) as fast,
     ):
         run_id = await trigger(slow, fake, Script(steps=(Wait(None),)))

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from veracity._tls import ssl_context
 from veracity.adapters import EngineErrorKind, Inspection, N8nEngine, StartOutcome
 from veracity.core.reconcile import EngineState
 from veracity.testing.fake_n8n import FakeN8n, Script, Wait, serve_asgi_in_thread
@@ -23,13 +24,18 @@ from .test_n8n import CALLBACK, config, free_port
 Both = Callable[..., Awaitable[tuple[N8nEngine, N8nEngine]]]
 
 
+def wire() -> httpx.AsyncHTTPTransport:
+    """Plain httpx over real HTTP, with the process's one TLS context."""
+    return httpx.AsyncHTTPTransport(verify=ssl_context())
+
+
 @pytest.fixture
 async def both(base_url: str) -> AsyncIterator[Both]:
     """``make(**config)``: (the httpx engine, the aiohttp engine), on the same config."""
     engines: list[N8nEngine] = []
 
     async def make(**kwargs: Any) -> tuple[N8nEngine, N8nEngine]:
-        slow = N8nEngine(config(base_url, **kwargs), transport=httpx.AsyncHTTPTransport())
+        slow = N8nEngine(config(base_url, **kwargs), transport=wire())
         fast = N8nEngine(config(base_url, **kwargs))
         engines.extend((slow, fast))
         return slow, fast
@@ -212,7 +218,7 @@ async def test_only_the_apis_own_404_means_an_unknown_id(
     url, stop = serve_asgi_in_thread(_answer_404(body, content_type))
     try:
         async with (
-            N8nEngine(config(url), transport=httpx.AsyncHTTPTransport()) as slow,
+            N8nEngine(config(url), transport=wire()) as slow,
             N8nEngine(config(url)) as fast,
         ):
             inspection = await same(slow, fast, "7")
@@ -267,7 +273,7 @@ async def test_timeouts(both: Both, fake: FakeN8n, hang: bool) -> None:
 
 async def test_an_unreachable_port() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    async with N8nEngine(config(url), transport=httpx.AsyncHTTPTransport()) as slow:
+    async with N8nEngine(config(url), transport=wire()) as slow:
         expected = await slow.inspect("1")
     async with N8nEngine(config(url)) as fast:
         got = await fast.inspect("1")

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from tests.test_server import VERACITY, free_port
+from veracity._tls import ssl_context
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "generations"
@@ -66,7 +67,7 @@ class Served:
 
 def wait_healthy(served: Served, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=1.0) as client:
+    with httpx.Client(timeout=1.0, verify=ssl_context()) as client:
         while time.monotonic() < deadline:
             assert served.proc.poll() is None, f"the server exited:\n{served.describe()}"
             try:

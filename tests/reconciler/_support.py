@@ -27,6 +27,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from veracity._tls import ssl_context
 from veracity.adapters.config import ExternalConfig, parse_external
 from veracity.adapters.n8n import N8nEngine
 from veracity.config import Settings
@@ -393,7 +394,7 @@ class ServerProcess:
 
     async def wait_healthy(self, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
-        async with httpx.AsyncClient(timeout=1.0) as client:
+        async with httpx.AsyncClient(timeout=1.0, verify=ssl_context()) as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n"
@@ -406,7 +407,7 @@ class ServerProcess:
         raise AssertionError(f"{self.name} not healthy within {timeout}s:\n{self.stderr()}")
 
     async def metrics(self) -> str:
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        async with httpx.AsyncClient(timeout=5.0, verify=ssl_context()) as client:
             response = await client.get(f"{self.url}/metrics")
         assert response.status_code == 200, response.text
         return response.text

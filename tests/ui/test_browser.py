@@ -25,6 +25,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.reconciler._support import REPO_ROOT, VERACITY, free_port, process_env
 from tests.ui.browser_app import CHILD, TOUR, WAITER
+from veracity._tls import ssl_context
 from veracity.core.reconcile import FlagKind, WriteKind
 from veracity.models import Claim, NewExecution, ReconcileAction
 from veracity.store import open_store
@@ -65,7 +66,7 @@ def _serve(folder: Path, **extra: str) -> Iterator[dict[str, Any]]:
             if proc.poll() is not None:
                 raise AssertionError(f"the server exited:\n{err.read_text()}")
             try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{url}/healthz", timeout=1, verify=ssl_context()).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

@@ -73,6 +73,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 import httpx
 
+from veracity._tls import ssl_context
 from veracity.adapters.base import (
     CallbackInfo,
     EngineErrorKind,
@@ -152,6 +153,7 @@ class N8nEngine:
             cookies=no_cookies,
             follow_redirects=False,
             headers={"Accept": "application/json", "User-Agent": "veracity"},
+            verify=ssl_context() if transport is None else True,  # one per process
         )
 
     @property

@@ -11,6 +11,7 @@ import httpx
 from httpx._client import UseClientDefault
 from httpx._types import AuthTypes
 
+from veracity._tls import ssl_context
 from veracity.bindings import Binding, Bindings, holds_secret, redact_text
 from veracity.worker.http import HttpOutsideStep, HttpRefused, _outside_step
 
@@ -65,7 +66,8 @@ class _Guard(httpx.AsyncBaseTransport):
         wire = httpx.Request(request.method, request.url, headers=headers,
                              stream=request.stream, extensions=request.extensions)
         if self._wire is None:
-            self._wire = httpx.AsyncHTTPTransport(trust_env=False)
+            self._wire = httpx.AsyncHTTPTransport(verify=ssl_context(trust_env=False),
+                                                  trust_env=False)
         try:
             return await self._wire.handle_async_request(wire)
         except Exception as exc:

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from veracity._tls import ssl_context
 from veracity.testing.fake_n8n.dates import iso, parse_iso
 from veracity.testing.fake_n8n.engine import IN_MEMORY, FakeN8n, _CallbackJob, _webhook_key
 from veracity.testing.fake_n8n.scripts import _OUTCOMES, WAIT_INDEFINITELY, Outcome, Script
@@ -38,7 +39,7 @@ class _Runtime:
         self.fake = fake
         self.loop = asyncio.get_running_loop()
         self.released = asyncio.Event()
-        self.client = httpx.AsyncClient(timeout=fake.callback_timeout)
+        self.client = httpx.AsyncClient(timeout=fake.callback_timeout, verify=ssl_context())
         self.tasks: set[asyncio.Task[None]] = set()
         self.ticker = asyncio.create_task(self._tick())
 
