@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import TypeAdapter, ValidationError, WithJsonSchema
 from pydantic_core import to_json
+from starlette.routing import BaseRoute
 
 from veracity._ids import parse_execution_id
 from veracity.api.auth import ROUTE_ACCESS, TokenAuth, check_routes, declare_security
@@ -155,48 +157,21 @@ def _wait_seconds(text: str) -> float:
     return seconds
 
 
-def create_api(
-    service: ExecutionService | None = None,
-    *,
-    max_payload_bytes: int = 1_048_576,
-    lifespan: Lifespan | None = None,
-    registry: CollectorRegistry | None = None,
-    health_timeout: float = HEALTH_TIMEOUT,
-    auth_required: bool = False,
-    telemetry: Telemetry | None = None,
-) -> FastAPI:
-    """The API. Pass a ready ``service``, or a ``lifespan`` that puts one on
-    ``app.state.service`` at start (the server does that, to open the store there).
+@functools.cache
+def _api_routes() -> tuple[BaseRoute, ...]:
+    """The API's routes, built once per process and shared by every app :func:`create_api`
+    makes (FastAPI's analysis of each endpoint costs about 20 ms of CPU per app). What
+    differs between apps is on ``app.state``: the service, ``health_timeout``, ``telemetry``
+    and ``metrics_registry``."""
+    router = APIRouter()
+    _define_api(router)
+    return tuple(router.routes)
 
-    ``auth_required``: every request to a scoped route needs an API token (the server
-    passes auth.required); without it, a request without a token is served, and one with a
-    token is still checked (docs/security.md)."""
 
-    @asynccontextmanager
-    async def no_lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-
-    app = FastAPI(
-        title="Veracity",
-        version="0.1.0",
-        description="Durable workflow executions that never lie about their state.",
-        lifespan=lifespan or no_lifespan,
-        docs_url=None,  # served offline by install_docs (api/docs.py)
-        redoc_url=None,
-    )
-    install_docs(app)
-    if service is not None:
-        app.state.service = service
-    install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=max_payload_bytes)
-    app.add_middleware(JsonBodies)
-    # added last, so outermost: a request is refused for its token before its body is read
-    app.add_middleware(TokenAuth, required=auth_required)
-    if telemetry is not None:  # outermost: every answer counted, a refused token's too
-        app.add_middleware(HttpMetrics, telemetry=telemetry, routes=app.router.routes)
-
+def _define_api(app: APIRouter) -> None:
     @app.get("/healthz", response_model=Health)
-    async def healthz(service: Service) -> Health | JSONResponse:
+    async def healthz(service: Service, request: Request) -> Health | JSONResponse:
+        health_timeout: float = request.app.state.health_timeout
         try:
             await asyncio.wait_for(service.store.ping(), health_timeout)
         except TimeoutError:
@@ -209,14 +184,13 @@ def create_api(
                                   headers={"Retry-After": "1"})
         return Health(status="ok", database="ok", backend=service.store.backend)
 
-    metrics_registry = registry or (telemetry.registry if telemetry is not None
-                                    else CollectorRegistry())
-    app.state.metrics_registry = metrics_registry
-
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(request: Request) -> PlainTextResponse:
         """Prometheus metrics, text format."""
-        service: ExecutionService | None = getattr(request.app.state, "service", None)
+        state = request.app.state
+        telemetry: Telemetry | None = state.telemetry
+        metrics_registry: CollectorRegistry = state.metrics_registry
+        service: ExecutionService | None = getattr(state, "service", None)
         if service is not None and service.metrics is not None:
             # gauges read from the database, so that what the CLI did counts too
             try:
@@ -539,6 +513,54 @@ def create_api(
                                                  limit=limit)
         return HistoryPage(items=[HistoryItem.of(e) for e in page],
                            next_cursor=str(after) if after is not None else None)
+
+
+def create_api(
+    service: ExecutionService | None = None,
+    *,
+    max_payload_bytes: int = 1_048_576,
+    lifespan: Lifespan | None = None,
+    registry: CollectorRegistry | None = None,
+    health_timeout: float = HEALTH_TIMEOUT,
+    auth_required: bool = False,
+    telemetry: Telemetry | None = None,
+) -> FastAPI:
+    """The API. Pass a ready ``service``, or a ``lifespan`` that puts one on
+    ``app.state.service`` at start (the server does that, to open the store there).
+
+    ``auth_required``: every request to a scoped route needs an API token (the server
+    passes auth.required); without it, a request without a token is served, and one with a
+    token is still checked (docs/security.md)."""
+
+    @asynccontextmanager
+    async def no_lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+
+    app = FastAPI(
+        title="Veracity",
+        version="0.1.0",
+        description="Durable workflow executions that never lie about their state.",
+        lifespan=lifespan or no_lifespan,
+        docs_url=None,  # served offline by install_docs (api/docs.py)
+        redoc_url=None,
+    )
+    install_docs(app)
+    if service is not None:
+        app.state.service = service
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=max_payload_bytes)
+    app.add_middleware(JsonBodies)
+    # added last, so outermost: a request is refused for its token before its body is read
+    app.add_middleware(TokenAuth, required=auth_required)
+    if telemetry is not None:  # outermost: every answer counted, a refused token's too
+        app.add_middleware(HttpMetrics, telemetry=telemetry, routes=app.router.routes)
+
+    app.state.health_timeout = health_timeout
+    app.state.telemetry = telemetry
+    metrics_registry = registry or (telemetry.registry if telemetry is not None
+                                    else CollectorRegistry())
+    app.state.metrics_registry = metrics_registry
+    app.router.routes.extend(_api_routes())  # built once per process
 
     install_dashboard(app, auth_required=auth_required)  # /ui (docs/dashboard.md)
     check_routes(app.router.routes, ROUTE_ACCESS)  # a route without its access is a bug

@@ -10,6 +10,7 @@ scope (veracity.api.auth.ROUTE_ACCESS). See docs/dashboard.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -19,9 +20,10 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from starlette.routing import BaseRoute
 from starlette.types import Scope
 
 from veracity.api.auth import DASHBOARD_TOKEN_COOKIE
@@ -123,23 +125,38 @@ def actions_for(e: Execution) -> Actions:
     )
 
 
+@functools.cache
+def _environment() -> Environment:
+    """The dashboard's templates, loaded once per process (shared by every app)."""
+    env = Environment(
+        loader=PackageLoader("veracity.ui", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(
+        when=present.when, pretty=present.pretty, inline=present.inline,
+        short=present.short, status_word=present.status_word, span=present.span)
+    env.globals.update(
+        ago=present.ago, unfinished=present.is_unfinished, urlencode=urlencode,
+        poll_seconds=POLL_SECONDS, statuses=[s.value for s in Status],
+        needs_a_person=present.NEEDS_A_PERSON, quote=quote,
+        by_join_set=present.by_join_set, flag_advice=present.FLAG_ADVICE)
+    return env
+
+
+@functools.cache
+def _static() -> dict[str, bytes]:
+    """The dashboard's static files, read once per process."""
+    return {name: resources.files("veracity.ui").joinpath("static", name).read_bytes()
+            for name in STATIC}
+
+
 class Dashboard:
+    """One app's dashboard: the shared templates, rendered for that app (whether it
+    requires auth)."""
+
     def __init__(self, *, auth_required: bool) -> None:
         self.auth_required = auth_required
-        self.env = Environment(
-            loader=PackageLoader("veracity.ui", "templates"),
-            autoescape=select_autoescape(default=True, default_for_string=True),
-            undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-        self.env.filters.update(
-            when=present.when, pretty=present.pretty, inline=present.inline,
-            short=present.short, status_word=present.status_word, span=present.span)
-        self.env.globals.update(
-            ago=present.ago, unfinished=present.is_unfinished, urlencode=urlencode,
-            poll_seconds=POLL_SECONDS, statuses=[s.value for s in Status],
-            needs_a_person=present.NEEDS_A_PERSON, quote=quote,
-            by_join_set=present.by_join_set, flag_advice=present.FLAG_ADVICE)
-        self.static = {name: resources.files("veracity.ui").joinpath("static", name)
-                       .read_bytes() for name in STATIC}
+        self.env = _environment()
 
     def render(self, request: Request, template: str, *, status: int = 200,
                **context: Any) -> HTMLResponse:
@@ -193,29 +210,64 @@ def _reason(form: Mapping[str, str]) -> tuple[str | None, str | None]:
 
 
 def install_dashboard(app: FastAPI, *, auth_required: bool) -> None:
-    """Add the dashboard's routes to the API's app (each listed in ROUTE_ACCESS)."""
+    """Add the dashboard's routes to the API's app (each listed in ROUTE_ACCESS). The
+    routes are built once per process and shared; each app's own :class:`Dashboard` (whether
+    auth is required) is on ``app.state.dashboard``."""
     ui = Dashboard(auth_required=auth_required)
+    app.state.dashboard = ui
+    app.state.dashboard_refusal = functools.partial(_refusal, ui)
+    app.router.routes.extend(_dashboard_routes())
 
-    def refusal(scope: Scope, status: int, message: str, needed: str | None) -> Response:
-        request = Request(scope)
-        if status == 401:
-            target = request.url.path
-            if request.method == "GET" and request.url.query:
-                target += "?" + request.url.query
-            elif request.method != "GET":
-                # a post has no page of its own: back to the page it was made from
-                match = re.fullmatch(r"(/ui/executions/[^/]+)/[a-z]+", target)
-                target = match.group(1) if match else "/ui/executions"
-            response: Response = RedirectResponse(
-                "/ui/login?" + urlencode({"next": target}), status_code=303)
-            if request.cookies.get(DASHBOARD_TOKEN_COOKIE):
-                response.delete_cookie(DASHBOARD_TOKEN_COOKIE, path="/ui")
-            return response
-        return ui.error(request, 403, "Not allowed with this token",
-                        f"{message}. Sign in with a token that has the scope {needed} "
-                        "(or admin).", needed=needed)
 
-    app.state.dashboard_refusal = refusal
+def _refusal(ui: Dashboard, scope: Scope, status: int, message: str,
+             needed: str | None) -> Response:
+    """What a request the API's token check refused gets on a dashboard page."""
+    request = Request(scope)
+    if status == 401:
+        target = request.url.path
+        if request.method == "GET" and request.url.query:
+            target += "?" + request.url.query
+        elif request.method != "GET":
+            # a post has no page of its own: back to the page it was made from
+            match = re.fullmatch(r"(/ui/executions/[^/]+)/[a-z]+", target)
+            target = match.group(1) if match else "/ui/executions"
+        response: Response = RedirectResponse(
+            "/ui/login?" + urlencode({"next": target}), status_code=303)
+        if request.cookies.get(DASHBOARD_TOKEN_COOKIE):
+            response.delete_cookie(DASHBOARD_TOKEN_COOKIE, path="/ui")
+        return response
+    return ui.error(request, 403, "Not allowed with this token",
+                    f"{message}. Sign in with a token that has the scope {needed} "
+                    "(or admin).", needed=needed)
+
+
+class _AppsDashboard:
+    """``ui`` in the shared routes: each call goes to the :class:`Dashboard` of the app the
+    request came to (``app.state.dashboard``)."""
+
+    @staticmethod
+    def of(request: Request) -> Dashboard:
+        dashboard: Dashboard = request.app.state.dashboard
+        return dashboard
+
+    def render(self, request: Request, template: str, *, status: int = 200,
+               **context: Any) -> HTMLResponse:
+        return self.of(request).render(request, template, status=status, **context)
+
+    def error(self, request: Request, status: int, title: str, message: str,
+              **context: Any) -> HTMLResponse:
+        return self.of(request).error(request, status, title, message, **context)
+
+
+@functools.cache
+def _dashboard_routes() -> tuple[BaseRoute, ...]:
+    router = APIRouter()
+    _define_dashboard(router)
+    return tuple(router.routes)
+
+
+def _define_dashboard(app: APIRouter) -> None:
+    ui = _AppsDashboard()
 
     def service_of(request: Request) -> ExecutionService:
         service: ExecutionService = request.app.state.service
@@ -243,7 +295,7 @@ def install_dashboard(app: FastAPI, *, auth_required: bool) -> None:
     async def static(name: str) -> Response:
         if name not in STATIC:
             return Response("not found", status_code=404, media_type="text/plain")
-        return Response(ui.static[name], media_type=STATIC[name],
+        return Response(_static()[name], media_type=STATIC[name],
                         headers={"Cache-Control": "public, max-age=3600",
                                  "X-Content-Type-Options": "nosniff"})
 
