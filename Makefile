@@ -34,13 +34,14 @@ lint: $(STAMP) ## ruff and mypy --strict
 
 # The tests start hundreds of veracity processes: they must find Veracity's modules compiled,
 # so PYTHONDONTWRITEBYTECODE (set on some CI machines) is cleared for them (an empty value is
-# "not set" to Python). Three pytest processes per two cores: about half of a test's time is
-# spent waiting (on PostgreSQL, on the processes it started, on a lease to expire); more
-# starve the worker processes the tests start, whose leases last 1.5 s (README: Tests).
-TEST_PROCESSES ?= $(shell $(PYTHON) -c 'import os; print(max(2, 3 * len(os.sched_getaffinity(0)) // 2))')
+# "not set" to Python). Two pytest processes per core: most of a test's time is spent
+# waiting (on PostgreSQL, on the processes it started, on a lease to expire), so the cores
+# stay busy; more would starve the worker processes the tests start, whose leases last 1.5 s
+# (README: Tests).
+TEST_PROCESSES ?= $(shell $(PYTHON) -c 'import os; print(max(2, 2 * len(os.sched_getaffinity(0))))')
 # mypy (about 25 s of one core from a fresh clone) runs beside the tests, at a lower priority
 # than theirs, its output shown after theirs; the target fails if either fails.
-test: $(STAMP) ## Lint, and the whole test suite on 3 processes per 2 cores (needs PostgreSQL; see README)
+test: $(STAMP) ## Lint, and the whole test suite on 2 processes per core (needs PostgreSQL; see README)
 	$(BIN)/ruff check src tests bench tools examples
 	@typed=$$(mktemp); nice -n 10 $(BIN)/mypy >"$$typed" 2>&1 & mypy=$$!; \
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_PROCESSES); tests=$$?; \

@@ -17,12 +17,12 @@ tmpfs with room and neither ``TMPDIR`` nor ``--basetemp`` says otherwise: the SQ
 as real, but a commit's fsync no longer waits for a disk that other work may be keeping busy.
 
 Under pytest-xdist (``make test``), tests marked ``slow`` (they start several processes and
-wait on them with deadlines of seconds) all go to one worker (``xdist_group``) and each runs
-alone: the other workers start no test until it has ended (``RunLock``). So they run as in a
-serial run, while every other test runs side by side. A slow test marked
-``slow(alone=False)`` (the soak: minutes of a fixed schedule, with no deadline a busy machine
-could miss) stays in that group, so no other slow test runs beside it, but the other workers
-go on with their tests while it runs.
+wait on them with deadlines of seconds) all go to one worker (``xdist_group``), so no two of
+them run at once, while the other workers go on with the other tests beside them. A test
+marked ``slow(alone=True)`` would also keep the other workers from starting a test until it
+has ended (``RunLock``), as in a serial run. None is marked so: their deadlines leave room
+for a busy machine, and the whole suite passed with none alone on four processes per two
+cores, the slow tests taking as long as they took alone (README: Tests).
 
 Processes: the ``veracity`` processes the tests start (``subprocess.Popen``/``run`` of this
 virtualenv's ``veracity`` script) are forked by a zygote, one per pytest process, that
@@ -94,7 +94,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 LONG_FIRST = (
-    "tests/test_soak.py::",  # ~150 s, slow(alone=False): first of the slow group
+    "tests/test_soak.py::",  # ~150 s, slow: first of the slow group
     "tests/test_outage.py::test_a_database_outage[60s]",  # ~65 s
     "tests/generations/test_example_readme.py::",  # ~20 s
     "tests/test_schemathesis.py::",  # ~13 s each
@@ -179,9 +179,10 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
 
 
 def runs_alone(item: pytest.Item) -> bool:
-    """A test marked ``slow`` runs alone unless it says ``slow(alone=False)``."""
+    """A test marked ``slow(alone=True)`` runs alone (none is, today: see the module's
+    docstring)."""
     marker = item.get_closest_marker("slow")
-    return marker is not None and bool(marker.kwargs.get("alone", True))
+    return marker is not None and bool(marker.kwargs.get("alone", False))
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

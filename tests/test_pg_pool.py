@@ -1,5 +1,6 @@
 """The reuse of test databases (tests/_pg.py, ``DatabasePool``): a database a test used comes
-back in exactly the state of a fresh clone of the migrated template, or is not reused."""
+back in the state of a fresh clone of the migrated template (every object and row, no
+statistics; a small table may keep invisible dead rows), or is not reused."""
 
 from __future__ import annotations
 
@@ -80,6 +81,54 @@ def test_a_used_database_comes_back_empty_under_a_new_name(pool: DatabasePool) -
             " SELECT id, 't', '1', now() FROM veracity_executions RETURNING id"
         ).fetchone()
         assert row == (1,)
+    pool.release(second)
+
+
+def _table_facts(conn: psycopg.Connection[tuple[object, ...]], table: str) -> tuple[object, ...]:
+    """(live rows, pages on disk, reltuples, the planner's row estimate for a full scan)."""
+    name = sql.Identifier(table)
+    (rows,) = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(name)).fetchone() or (0,)
+    pages, reltuples = conn.execute(
+        "SELECT pg_relation_size(%s::regclass) / 8192, reltuples FROM pg_class"
+        " WHERE oid = %s::regclass", (table, table)).fetchone() or (0, 0)
+    ((plan,),) = conn.execute(
+        sql.SQL("EXPLAIN (FORMAT JSON) SELECT * FROM {}").format(name)).fetchall()
+    return rows, pages, reltuples, plan[0]["Plan"]["Plan Rows"]
+
+
+def test_small_tables_are_emptied_by_delete_the_others_truncated(pool: DatabasePool) -> None:
+    """A table left small (at most 8 pages) and never analysed is emptied with DELETE: its
+    dead rows stay, but no query sees a row and the planner sizes it as a fresh clone's. A
+    bigger table, or one analysed, is truncated: no page left, statistics as new."""
+    tables = ("veracity_executions", "veracity_history", "veracity_workers")
+    with connect(pool, pool.template) as conn:
+        fresh = {t: _table_facts(conn, t) for t in tables}
+    assert all(rows == 0 and pages == 0 for rows, pages, _, _ in fresh.values()), fresh
+
+    first = pool.acquire()
+    with connect(pool, first) as conn:
+        ident = uuid.uuid4()
+        conn.execute(EXECUTION, (ident,))  # small, never analysed: DELETE
+        conn.execute(  # far more than 8 pages: TRUNCATE
+            "INSERT INTO veracity_history (execution_id, seq, kind, at, data)"
+            " SELECT %s, n, 'x', now(), json_build_object('pad', repeat('x', 200))"
+            " FROM generate_series(1, 2000) n", (ident,))
+        conn.execute(
+            "INSERT INTO veracity_workers VALUES ('w', 'h', 1, 'd', '[]', 1, now(), now(), NULL)"
+        )
+        conn.execute("ANALYZE veracity_workers")  # one row, but analysed: TRUNCATE
+    pool.release(first)
+
+    second = pool.acquire()
+    assert pool.reused == 1
+    assert state(pool, second) == template_state(pool)
+    with connect(pool, second) as conn:
+        after = {t: _table_facts(conn, t) for t in tables}
+    rows, pages, reltuples, estimate = after["veracity_executions"]
+    assert rows == 0 and pages >= 1  # emptied by DELETE: its page is still there
+    assert (reltuples, estimate) == fresh["veracity_executions"][2:]
+    assert after["veracity_history"] == fresh["veracity_history"]
+    assert after["veracity_workers"] == fresh["veracity_workers"]
     pool.release(second)
 
 

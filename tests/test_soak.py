@@ -21,7 +21,7 @@ SEED = 2024
 MINUTES = 2
 
 
-@pytest.mark.slow(alone=False)  # no other slow test beside it; the quick ones go on
+@pytest.mark.slow  # no other slow test beside it; the quick ones go on
 @pytest.mark.timeout(900)
 def test_a_two_minute_soak_breaks_no_guarantee(tmp_path: Path) -> None:
     if find_pg_bin_dir() is None:
