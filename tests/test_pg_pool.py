@@ -84,16 +84,20 @@ def test_a_used_database_comes_back_empty_under_a_new_name(pool: DatabasePool) -
     pool.release(second)
 
 
-def _table_facts(conn: psycopg.Connection[tuple[object, ...]], table: str) -> tuple[object, ...]:
+def _table_facts(conn: psycopg.Connection[tuple[object, ...]],
+                 table: str) -> tuple[int, int, float, float]:
     """(live rows, pages on disk, reltuples, the planner's row estimate for a full scan)."""
     name = sql.Identifier(table)
-    (rows,) = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(name)).fetchone() or (0,)
-    pages, reltuples = conn.execute(
-        "SELECT pg_relation_size(%s::regclass) / 8192, reltuples FROM pg_class"
-        " WHERE oid = %s::regclass", (table, table)).fetchone() or (0, 0)
+    facts = conn.execute(sql.SQL(
+        "SELECT (SELECT count(*) FROM {}), pg_relation_size(%s::regclass) / 8192,"
+        " (SELECT reltuples FROM pg_class WHERE oid = %s::regclass)").format(name),
+        (table, table)).fetchone()
+    assert facts is not None
     ((plan,),) = conn.execute(
         sql.SQL("EXPLAIN (FORMAT JSON) SELECT * FROM {}").format(name)).fetchall()
-    return rows, pages, reltuples, plan[0]["Plan"]["Plan Rows"]
+    assert isinstance(plan, list)
+    return (int(str(facts[0])), int(str(facts[1])), float(str(facts[2])),
+            float(plan[0]["Plan"]["Plan Rows"]))
 
 
 def test_small_tables_are_emptied_by_delete_the_others_truncated(pool: DatabasePool) -> None:
