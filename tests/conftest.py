@@ -45,6 +45,7 @@ import os
 import shutil
 import tempfile
 import uuid
+import zlib
 from collections.abc import Coroutine, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -95,27 +96,35 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 LONG_FIRST = (
     "tests/test_soak.py::",  # ~150 s, slow: first of the slow group
-    "tests/test_outage.py::test_a_database_outage[60s]",  # ~65 s
-    "tests/generations/test_example_readme.py::",  # ~20 s
-    "tests/test_schemathesis.py::",  # ~13 s each
+    "tests/test_outage.py::test_a_database_outage[60s]",  # ~65 s, waiting
+    "tests/test_schemathesis.py::",  # ~13 s each, busy: beside the waiting ones
+    "tests/generations/test_example_readme.py::",  # ~20 s, waiting
     "tests/test_outage.py::",
 )
 """Tests started before the others (in this order), the longest measured: under xdist a
 minute-long test that starts near the end of the run makes the run a minute longer."""
 
 
-def _start_rank(item: pytest.Item) -> int:
+def _start_rank(item: pytest.Item) -> tuple[int, int]:
     for rank, prefix in enumerate(LONG_FIRST):
         if item.nodeid.startswith(prefix):
-            return rank
-    return len(LONG_FIRST)
+            return rank, 0
+    # then module by module, the modules in a fixed order that mixes the folders (a digest of
+    # the module's path): tests that mostly wait (reconciler/, worker/: on leases, engines,
+    # processes) go beside tests that keep the CPU busy (store/, api/, core/), instead of
+    # every xdist worker waiting at once while the cores idle, then all competing for them
+    module = item.nodeid.split("::", 1)[0]
+    return len(LONG_FIRST), zlib.crc32(module.encode()) if _UNDER_XDIST else 0
+
+
+_UNDER_XDIST = "PYTEST_XDIST_WORKER" in os.environ
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # the longest first (a stable sort: the others keep their order). pytest-xdist's
-    # loadgroup hands out the slow group (the most tests) first, then the other tests in
-    # this order; within the group the soak comes first
+    # the longest first, then the modules mixed (a stable sort: a module's tests keep their
+    # order). pytest-xdist's loadgroup hands out the slow group (the most tests) first, then
+    # the other tests in this order; within the group the soak comes first
     items.sort(key=_start_rank)
     for item in items:
         if item.get_closest_marker("slow") is not None:
