@@ -24,6 +24,10 @@ has ended (``RunLock``), as in a serial run. None is marked so: their deadlines 
 for a busy machine, and the whole suite passed with none alone on four processes per two
 cores, the slow tests taking as long as they took alone (README: Tests).
 
+The soak (tests/test_soak.py), two minutes of a subprocess, is started in the background by
+the xdist controller as soon as a worker has collected its test; the test, started last,
+collects its result (tests/_soak.py).
+
 Processes: the ``veracity`` processes the tests start (``subprocess.Popen``/``run`` of this
 virtualenv's ``veracity`` script) are forked by a zygote, one per pytest process, that
 imported Veracity once (tests/_zygote.py): each is still a separate process with its own pid,
@@ -46,14 +50,14 @@ import shutil
 import tempfile
 import uuid
 import zlib
-from collections.abc import Coroutine, Generator, Iterator
+from collections.abc import Coroutine, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-from tests import _zygote
+from tests import _soak, _zygote
 from tests._pg import (
     DEFAULT_URL,
     URL_ENV,
@@ -92,10 +96,27 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _zygote.uninstall()  # and wait for the zygote: its CPU time is this process's children's
+    if _background_soak is not None:  # the xdist controller's, if the run ended before it
+        _background_soak.stop()
+
+
+_background_soak: _soak.Background | None = None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None:
+    """In the xdist controller: once a worker has collected the soak's test, start the soak
+    in the background, in the run's base folder (tests/_soak.py), before any test starts."""
+    global _background_soak
+    if _background_soak is not None or not any(i.startswith(_soak.TEST_ID) for i in ids):
+        return
+    if find_pg_bin_dir() is None:
+        return  # the test itself says what is missing
+    factory: pytest.TempPathFactory = node.config._tmp_path_factory  # the workers' parent
+    _background_soak = _soak.Background(factory.getbasetemp() / _soak.FOLDER)
 
 
 LONG_FIRST = (
-    "tests/test_soak.py::",  # ~150 s, slow: first of the slow group
     "tests/test_outage.py::test_a_database_outage[60s]",  # ~65 s, waiting
     "tests/test_schemathesis.py::",  # ~13 s each, busy: beside the waiting ones
     "tests/generations/test_example_readme.py::",  # ~20 s, waiting
@@ -105,10 +126,17 @@ LONG_FIRST = (
 minute-long test that starts near the end of the run makes the run a minute longer."""
 
 
+LAST = (_soak.TEST_ID,)
+"""Tests started after all the others: the soak's, which under xdist only collects the result
+of the soak started in the background at the start of the run (tests/_soak.py)."""
+
+
 def _start_rank(item: pytest.Item) -> tuple[int, int]:
     for rank, prefix in enumerate(LONG_FIRST):
         if item.nodeid.startswith(prefix):
             return rank, 0
+    if item.nodeid.startswith(LAST):
+        return len(LONG_FIRST) + 1, 0
     # then module by module, the modules in a fixed order that mixes the folders (a digest of
     # the module's path): tests that mostly wait (reconciler/, worker/: on leases, engines,
     # processes) go beside tests that keep the CPU busy (store/, api/, core/), instead of
