@@ -150,9 +150,9 @@ _UNDER_XDIST = "PYTEST_XDIST_WORKER" in os.environ
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # the longest first, then the modules mixed (a stable sort: a module's tests keep their
-    # order). pytest-xdist's loadgroup hands out the slow group (the most tests) first, then
-    # the other tests in this order; within the group the soak comes first
+    # the longest first, then the modules mixed, the soak's last (a stable sort: a module's
+    # tests keep their order). pytest-xdist's loadgroup hands out the slow group (the most
+    # tests) first, then the other tests in this order
     items.sort(key=_start_rank)
     for item in items:
         if item.get_closest_marker("slow") is not None:
