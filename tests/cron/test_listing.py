@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests._helpers import clocked_store_fixture
 from tests.conftest import run_async
 from tests.cron._support import APP, MAIL, ORDERS, write_config
 from tests.test_server import VERACITY
@@ -42,13 +43,7 @@ def clock() -> ManualClock:
     return ManualClock(T0)
 
 
-@pytest.fixture
-async def store(database_url: str, clock: ManualClock) -> AsyncIterator[Store]:
-    opened = await open_store(database_url, clock=clock)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = clocked_store_fixture()
 
 
 @pytest.fixture

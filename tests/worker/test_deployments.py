@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
-import pytest
-
+from tests._helpers import store_fixture, until
 from veracity import App, Context
 from veracity._ids import new_execution_id
 from veracity.config import WorkerSettings
 from veracity.control import ExecutionService
 from veracity.core.states import Status
 from veracity.models import Execution, NewExecution
-from veracity.store import Store, open_store
+from veracity.store import Store
 from veracity.worker.runner import Worker
 
 SETTINGS = WorkerSettings(lease_ttl=5, heartbeat_interval=0.2, poll_interval=0.05,
@@ -48,13 +47,7 @@ async def child(ctx: Context, x: str) -> str:
     return ctx.deployment_id
 
 
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(database_url, pool_size=4)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = store_fixture(pool_size=4)
 
 
 async def submit(store: Store, ffqn: str, deployment_id: str, x: str) -> Execution:
@@ -63,22 +56,12 @@ async def submit(store: Store, ffqn: str, deployment_id: str, x: str) -> Executi
     return (await store.execution_submit(new)).execution
 
 
-async def until(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 10.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def ended(store: Store, execution_id: uuid.UUID) -> Execution:
     async def check() -> Execution | None:
         e = await store.execution_get(execution_id)
         return e if e is not None and e.status.is_terminal else None
 
-    done: Execution = await until(check, f"{execution_id} to end")
+    done: Execution = await until(check, what=f"{execution_id} to end")
     return done
 
 
@@ -136,7 +119,7 @@ async def test_a_worker_records_its_deployment_and_keeps_it_seen(store: Store) -
         async def registered() -> Any:
             return [w for w in await store.worker_list() if w.id == worker.id]
 
-        (rec,) = await until(registered, "its registration")
+        (rec,) = await until(registered, what="its registration")
         assert (rec.deployment_id, rec.upgrade_ffqns) == ("d-seen", [AUTO])
         first = await store.deployment_get("d-seen")
         assert first is not None and first.first_seen <= rec.started_at
@@ -145,5 +128,5 @@ async def test_a_worker_records_its_deployment_and_keeps_it_seen(store: Store) -
             now = await store.deployment_get("d-seen")
             return now if now is not None and now.last_seen > first.last_seen else None
 
-        later = await until(seen_again, "a heartbeat to see the deployment again")
+        later = await until(seen_again, what="a heartbeat to see the deployment again")
         assert later.first_seen == first.first_seen

@@ -16,12 +16,13 @@ import httpx
 import pytest
 
 from tests._echo import EchoServer, echo_server
+from tests._helpers import store_fixture
 from tests.durable._support import DEPLOYMENT, SETTINGS, get, history, running, submit, wait_status
 from veracity import App, Context, RetryPolicy, StepFailed
 from veracity.bindings import Bindings, resolve_http
 from veracity.config import Settings
 from veracity.core.states import Status
-from veracity.store import Store, open_store
+from veracity.store import Store
 from veracity.worker.context import STEP_COMPLETED, STEP_FAILED
 from veracity.worker.http import HttpClient, HttpOutsideStep, HttpRefused, step_scope
 from veracity.worker.runner import Worker
@@ -172,13 +173,7 @@ def bindings(servers: tuple[EchoServer, EchoServer, EchoServer],
                                    "VERACITY_SECRET_B_KEY": secrets["b_key"]})
 
 
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(database_url, pool_size=4)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = store_fixture(pool_size=4)
 
 
 @pytest.fixture

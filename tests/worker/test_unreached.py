@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests._helpers import store_fixture
 from tests.durable._support import history, make_worker, running, submit, wait_kind, wait_status
 from veracity import App, Context, NondeterminismError
 from veracity.core.states import Status
 from veracity.models import Claim, HistoryEvent
-from veracity.store import Store, open_store
+from veracity.store import Store
 from veracity.worker.context import (
     CHILD_SUBMITTED,
     JOIN_NEXT,
@@ -171,13 +171,7 @@ async def test_a_long_list_of_calls_left_is_cut_in_the_message() -> None:
 # -- end to end, with a worker ---------------------------------------------------------------
 
 
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(database_url, pool_size=4)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = store_fixture(pool_size=4)
 
 
 shrinking = App("unreached")

@@ -8,17 +8,16 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from tests._helpers import events, wait_status
+from tests._helpers import events, store_fixture, wait_status
 from tests.worker.test_worker import DEPLOYMENT, SETTINGS, running, submit
 from veracity import App, Context, RetryPolicy
 from veracity.core.states import Status
 from veracity.models import ExecutionFilter
-from veracity.store import Store, open_store
+from veracity.store import Store
 from veracity.worker.runner import Worker
 
 app = App()
@@ -61,13 +60,7 @@ async def never(ctx: Context, key: str) -> None:
     raise ValueError("no policy, no retry")
 
 
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(database_url, pool_size=4)
-    try:
-        yield opened
-    finally:
-        await opened.close()
+store = store_fixture(pool_size=4)
 
 
 def worker(store: Store, deployment_id: str = DEPLOYMENT) -> Worker:
