@@ -302,7 +302,10 @@ async def test_workers_recover_a_killed_worker_s_executions_without_a_server(
 # -- 3. a stalled worker ----------------------------------------------------------------------
 
 
-@pytest.mark.slow
+# alone: A is frozen at a random moment, and on a loaded machine that can be inside A's own
+# recovery tick, which then holds the recovery lock until A resumes: every other process's
+# recovery is skipped meanwhile (a known limit, docs/workers.md "Recovery")
+@pytest.mark.slow(alone=True)
 @pytest.mark.timeout(60)
 async def test_stalled_worker_is_fenced_out_and_its_report_kept(
     database_url: str, store: Store, procs: Processes, tmp_path: Path
