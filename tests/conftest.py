@@ -132,6 +132,10 @@ of the soak started in the background at the start of the run (tests/_soak.py)."
 
 
 def _start_rank(item: pytest.Item) -> tuple[int, int]:
+    if runs_alone(item):
+        # last of the slow group: an exclusive test waits for every test already running,
+        # and early in the run those are the longest (the 60 s outage), the cores idle
+        return len(LONG_FIRST) + 2, 0
     for rank, prefix in enumerate(LONG_FIRST):
         if item.nodeid.startswith(prefix):
             return rank, 0
