@@ -20,9 +20,11 @@ Under pytest-xdist (``make test``), tests marked ``slow`` (they start several pr
 wait on them with deadlines of seconds) all go to one worker (``xdist_group``), so no two of
 them run at once, while the other workers go on with the other tests beside them. A test
 marked ``slow(alone=True)`` would also keep the other workers from starting a test until it
-has ended (``RunLock``), as in a serial run. Only the two stalled-worker tests are marked so
-(a freeze landing inside the worker's own recovery tick blocks all recovery: a known limit,
-docs/workers.md); the others' deadlines leave room for a busy machine (README: Tests).
+has ended (``RunLock``), as in a serial run; ``slow(alone="sqlite")`` does so for the test's
+SQLite run only. Only the two stalled-worker tests are marked so, for SQLite (a worker
+frozen inside a write or its recovery tick holds SQLite's write lock or the tick's file
+lock until it resumes: a known limit of that backend, docs/workers.md "Recovery"); the
+others' deadlines leave room for a busy machine (README: Tests).
 
 The soak (tests/test_soak.py), two minutes of a subprocess, is started in the background by
 the xdist controller as soon as a worker has collected its test; the test, started last,
@@ -220,9 +222,14 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
 
 
 def runs_alone(item: pytest.Item) -> bool:
-    """A test marked ``slow(alone=True)`` runs alone (see the module's docstring)."""
+    """A test marked ``slow(alone=True)`` runs alone, and one marked
+    ``slow(alone="sqlite")`` in its SQLite run (see the module's docstring)."""
     marker = item.get_closest_marker("slow")
-    return marker is not None and bool(marker.kwargs.get("alone", False))
+    alone = False if marker is None else marker.kwargs.get("alone", False)
+    if isinstance(alone, str):
+        callspec = getattr(item, "callspec", None)
+        return callspec is not None and callspec.params.get("backend") == alone
+    return bool(alone)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import stat
 import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -286,6 +288,98 @@ async def test_the_lock_outlives_a_server_that_ends_idle_transactions(
         assert await held.held() is True
         async with other.single_runner("recovery") as second:
             assert bool(second) is False
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_a_holder_that_runs_keeps_its_lock_past_the_silence_limit(
+    raw: RawSQL, open_extra_store: StoreFactory, clock: ManualClock
+) -> None:
+    """Guards the lock session's pings (PostgresStore.single_runner): the server ends a
+    lock's session after ``lock_silence`` without a statement, so a tick that runs longer
+    than that without a word to its lock connection would lose its lock to the next tick
+    elsewhere, and two ticks would overlap. Here the tick waits four times the limit."""
+    for bad in (0, 0.05, -1, 3601, float("nan")):  # refused before anything is opened
+        with pytest.raises(ValueError, match=r"lock_silence must be between 0\.1 and 3600 s"):
+            await PostgresStore.open("postgresql://nowhere.invalid/x", clock=clock,
+                                     lock_silence=bad)
+    store = await PostgresStore.open(raw.url, clock=clock, pool_size=1, lock_silence=0.3)
+    other = await open_extra_store()
+    try:
+        async with store.single_runner("recovery") as held:
+            assert bool(held) is True
+            await asyncio.sleep(1.2)
+            assert await held.held() is True
+            async with other.single_runner("recovery") as second:
+                assert bool(second) is False
+    finally:
+        await store.close()
+
+
+_FROZEN_HOLDER = """
+import asyncio, sys
+from veracity.clock import ManualClock
+from veracity.store.postgres import PostgresStore
+
+async def main() -> None:
+    store = await PostgresStore.open(sys.argv[1], clock=ManualClock(), pool_size=1,
+                                     lock_silence=0.5)
+    async with store.single_runner("recovery") as held:
+        print("held", bool(held), flush=True)
+        while await held.held():
+            await asyncio.sleep(0.05)
+        print("lost", flush=True)
+    print("tick over", flush=True)
+    await store.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_a_frozen_holder_loses_its_lock_after_the_silence_limit(
+    raw: RawSQL, open_extra_store: StoreFactory
+) -> None:
+    """A process frozen in the middle of its tick (SIGSTOP here; a paused VM, a long
+    stop-the-world pause) holds its advisory lock only until the server ends its silent
+    session (``idle_session_timeout`` = ``lock_silence``, 0.5 s here): then the next tick
+    elsewhere takes the lock, and expired leases are recovered without waiting for the
+    frozen process (docs/workers.md, "Recovery"). Continued, the frozen holder hears that
+    its lock is gone and ends its tick without an error."""
+    holder = subprocess.Popen([sys.executable, "-c", _FROZEN_HOLDER, raw.url],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(holder.stdout.readline), 15)
+        assert line == "held True\n", (line, holder.stderr and holder.stderr.read())
+        (holder_backend,) = _advisory_lock_holders(raw)
+        os.kill(holder.pid, signal.SIGSTOP)
+        other = await open_extra_store()
+        async with other.single_runner("recovery") as busy:
+            assert bool(busy) is False  # frozen, not yet silent for long: still its lock
+
+        async def taken() -> bool:
+            async with other.single_runner("recovery") as lock:
+                return bool(lock)
+
+        for _ in range(100):  # the limit is 0.5 s; give it up to 10 s on a loaded machine
+            if await taken():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the frozen holder's lock was never freed")
+        await _until_session_ended(raw, holder_backend)  # the server ended its session
+        async with other.single_runner("recovery") as mine:
+            assert bool(mine) is True
+            os.kill(holder.pid, signal.SIGCONT)
+            out, err = await asyncio.to_thread(holder.communicate, timeout=15)
+            assert holder.returncode == 0, err
+            assert out == "lost\ntick over\n", (out, err)
+            assert await mine.held() is True  # the holder's return took nothing from us
+    finally:
+        if holder.poll() is None:
+            os.kill(holder.pid, signal.SIGCONT)
+            holder.kill()
+            holder.wait()
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)

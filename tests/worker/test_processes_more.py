@@ -75,9 +75,10 @@ async def listening(url: str, channel: str) -> int:
 # -- a stalled worker whose completion is refused ---------------------------------------------
 
 
-# alone: a freeze inside A's own recovery tick blocks all recovery until A resumes (a known
-# limit, docs/workers.md "Recovery"); see test_processes.py's stalled-worker test
-@pytest.mark.slow(alone=True)
+# alone on SQLite: a freeze inside one of A's writes or its recovery tick blocks the others
+# until A resumes (a known limit of that backend, docs/workers.md "Recovery"); see
+# test_processes.py's stalled-worker test
+@pytest.mark.slow(alone="sqlite")
 @pytest.mark.timeout(60)
 async def test_stalled_workers_completion_is_refused_kept_and_logged(
     database_url: str, store: Store, procs: Processes, tmp_path: Path

@@ -448,8 +448,10 @@ class MaintenanceStore(DelegatedWrites, ReadStore, Protocol):
         """Try to take the lock ``name`` for one tick of a periodic service; yields a
         RunnerLock, truthy if it was taken (never waits), whose ``held()`` tells whether it
         still is. PostgreSQL: a session advisory lock on a dedicated
-        connection, released in ``finally``, the connection discarded if unlocking fails.
-        SQLite: an exclusive flock on a file beside the database."""
+        connection, released in ``finally``, the connection discarded if unlocking fails;
+        the holder pings that session while the tick runs and the server ends it once
+        silent for ``lock_silence`` (a holder frozen mid-tick loses the lock). SQLite: an
+        exclusive flock on a file beside the database."""
 
     async def execution_recover_expired(
         self, *, max_attempts: int, limit: int = 1000

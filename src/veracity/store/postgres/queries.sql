@@ -466,7 +466,12 @@ WHERE key_id = %(key_id)s
 RETURNING key_id
 
 -- name: lock_try
-SELECT pg_try_advisory_lock(%(key)s) AS acquired
+-- The lock's session first limits how long it may sit silent (idle_session_timeout, in
+-- ms): a holder frozen mid-tick (SIGSTOP, a paused VM) stops pinging, the server ends its
+-- session after that long, and the lock is free for the next tick elsewhere
+-- (docs/workers.md, "Recovery"). Set for this session only.
+SELECT set_config('idle_session_timeout', %(silence_ms)s, false) AS silence,
+       pg_try_advisory_lock(%(key)s) AS acquired
 
 -- name: lock_release
 SELECT pg_advisory_unlock(%(key)s) AS released

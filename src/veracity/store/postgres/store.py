@@ -175,6 +175,10 @@ that, connections are opened on demand, so recovery never waits on a long back-o
 POOL_WAIT = 3.0
 """Seconds a statement waits for a free connection before failing (a database outage is
 then answered within 5 s)."""
+LOCK_SILENCE = 3.0
+"""Seconds a single-runner lock's session may sit silent before the server ends it, and the
+lock with it (``idle_session_timeout``): the holder pings it a few times within that while
+its tick runs, so only a holder that is frozen (SIGSTOP, a paused VM) or gone loses it."""
 
 
 class PostgresStore(SharedMethods):
@@ -182,18 +186,22 @@ class PostgresStore(SharedMethods):
     supports_notifications = True
 
     def __init__(self, url: str, pool: AsyncConnectionPool[Any], clock: Clock, *,
-                 connect_timeout: int = 10) -> None:
+                 connect_timeout: int = 10, lock_silence: float = LOCK_SILENCE) -> None:
         self._url = url
         self._pool = pool
         self._clock = clock
         self._connect_timeout = connect_timeout
         """Seconds a connection of its own (a single-runner lock's, a LISTEN) may take to
         open: a server that accepts and never answers fails the tick after this long."""
+        self._lock_silence = lock_silence
 
     @classmethod
     async def open(
-        cls, url: str, *, clock: Clock, pool_size: int = 10, connect_timeout: int = 10
+        cls, url: str, *, clock: Clock, pool_size: int = 10, connect_timeout: int = 10,
+        lock_silence: float = LOCK_SILENCE,
     ) -> PostgresStore:
+        if not 0.1 <= lock_silence <= 3600:  # idle_session_timeout counts milliseconds
+            raise ValueError(f"lock_silence must be between 0.1 and 3600 s, not {lock_silence}")
         # One direct connection first: an unreachable or misnamed database fails here at
         # once with the server's own message, instead of as a pool timeout.
         first = await psycopg.AsyncConnection.connect(url, connect_timeout=connect_timeout)
@@ -227,7 +235,7 @@ class PostgresStore(SharedMethods):
             timeout=POOL_WAIT,
         )
         await pool.open(wait=True, timeout=15)
-        return cls(url, pool, clock, connect_timeout=connect_timeout)
+        return cls(url, pool, clock, connect_timeout=connect_timeout, lock_silence=lock_silence)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -617,12 +625,14 @@ class PostgresStore(SharedMethods):
             connect_timeout=self._connect_timeout,
         )
         try:
-            cur = await conn.execute(_q("lock_try"), {"key": key})
+            cur = await conn.execute(_q("lock_try"), {
+                "key": key, "silence_ms": str(round(self._lock_silence * 1000))})
             row = await cur.fetchone()
             acquired = bool(row and row["acquired"])
         except BaseException:
             await conn.close()
             raise
+
         async def still_held() -> bool:
             # the lock lives as long as this session: a dead connection has lost it
             try:
@@ -631,9 +641,28 @@ class PostgresStore(SharedMethods):
                 return False
             return True
 
+        tick_over = asyncio.Event()
+
+        async def keep_talking() -> None:
+            # the server ends a session silent for lock_silence (lock_try): ping well
+            # within it for as long as the tick runs, however long that is; never cut
+            # short mid-statement (the tick's end waits for a ping under way)
+            while True:
+                try:
+                    async with asyncio.timeout(self._lock_silence / 3):
+                        await tick_over.wait()
+                    return
+                except TimeoutError:
+                    if not await still_held():
+                        return
+
+        pinger = asyncio.create_task(keep_talking()) if acquired else None
         try:
             yield RunnerLock(acquired, still_held)
         finally:
+            tick_over.set()
+            if pinger is not None:
+                await pinger
             if acquired:
                 try:
                     await conn.execute(_q("lock_release"), {"key": key})
