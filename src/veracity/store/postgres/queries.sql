@@ -469,8 +469,10 @@ RETURNING key_id
 -- The lock's session first limits how long it may sit silent (idle_session_timeout, in
 -- ms): a holder frozen mid-tick (SIGSTOP, a paused VM) stops pinging, the server ends its
 -- session after that long, and the lock is free for the next tick elsewhere
--- (docs/workers.md, "Recovery"). Set for this session only.
-SELECT set_config('idle_session_timeout', %(silence_ms)s, false) AS silence,
+-- (docs/workers.md, "Recovery"). Set for this session only; PostgreSQL 13 and older have no
+-- such setting (set_config would fail), and there the lock lasts as long as its session.
+SELECT CASE WHEN current_setting('server_version_num')::int >= 140000
+            THEN set_config('idle_session_timeout', %(silence_ms)s, false) END AS silence,
        pg_try_advisory_lock(%(key)s) AS acquired
 
 -- name: lock_release
