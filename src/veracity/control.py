@@ -59,6 +59,7 @@ from veracity.errors import (
     Unauthorized,
     VeracityError,
 )
+from veracity.grouping import SubmitGroups
 from veracity.models import (
     JSON,
     ApiToken,
@@ -337,6 +338,8 @@ class ExecutionService:
         self.cron_entries = list(crons)
         """The configuration's ``[[cron]]`` entries (docs/cron.md)."""
         self._waits: EndWaits | None = None
+        self.groups = SubmitGroups(store, writers=2)
+        """Single submissions that arrive together share a transaction (veracity/grouping.py)."""
 
     def _check_workflow(self, ffqn: str) -> None:
         try:
@@ -423,7 +426,7 @@ class ExecutionService:
     ) -> tuple[Execution, bool]:
         """Create a pending execution; returns it and whether it was created now."""
         new = self._new(SubmitItem(ffqn, params, idempotency_key, scheduled_at, paused))
-        submitted = await self.store.execution_submit(new)
+        submitted = await self.groups.submit(new)
         if submitted.created and self.on_submitted is not None:
             self.on_submitted()
         if self.telemetry is not None:

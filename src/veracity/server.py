@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ from contextlib import asynccontextmanager, contextmanager
 from types import FrameType
 
 import uvicorn
+import uvloop
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
@@ -220,6 +222,9 @@ async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
+    # what start-up made lives as long as the server: kept out of the collector's full
+    # passes, which otherwise walk it again and again under load
+    gc.freeze()
     if server.started:
         for srv in server.servers:
             for sock in srv.sockets:
@@ -269,7 +274,9 @@ def run_server(settings: Settings, *, with_worker: bool | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
-        return asyncio.run(serve(settings, with_worker=with_worker))
+        # uvloop (uvicorn[standard] brings it): the same asyncio, its loop in C, a
+        # fifth less of the server's CPU per request (bench/README.md)
+        return uvloop.run(serve(settings, with_worker=with_worker))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         print("interrupted", file=sys.stderr)
         return 130

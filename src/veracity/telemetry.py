@@ -162,6 +162,7 @@ class HttpMetrics:
         self.telemetry = telemetry
         self.routes = routes
         """The application's routes (the router's own list: routes added later count)."""
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     def template(self, scope: Scope) -> str:
         """The route template a request was served by. Found by matching, since a
@@ -196,8 +197,12 @@ class HttpMetrics:
         try:
             await self.app(scope, receive, sending)
         finally:
-            template = self.template(scope)
-            method = str(scope.get("method", "GET"))
-            self.telemetry.http_requests.labels(method, template, str(status)).inc()
-            self.telemetry.http_seconds.labels(method, template).observe(
-                time.perf_counter() - started)
+            key = (str(scope.get("method", "GET")), self.template(scope), status)
+            children = self._children.get(key)
+            if children is None:  # labels() takes a lock and builds a key: once per series
+                method, template, _ = key
+                children = self._children[key] = (
+                    self.telemetry.http_requests.labels(method, template, str(status)),
+                    self.telemetry.http_seconds.labels(method, template))
+            children[0].inc()
+            children[1].observe(time.perf_counter() - started)

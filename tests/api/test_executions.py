@@ -10,8 +10,10 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.api.conftest import DEPLOYMENT, count_executions, stable
+from veracity.api.schemas import ExecutionOut
 from veracity.control import ExecutionService
 from veracity.examples import shop
 from veracity.models import Claim
@@ -188,6 +190,53 @@ async def test_concurrent_submissions_with_one_key_create_one_execution(
     assert await count_executions(store) == 1
     history = await store.history_list(uuid.UUID(responses[0].json()["id"]))
     assert [ev.kind for ev in history] == ["pending"]
+
+
+async def test_concurrent_submissions_are_each_answered_as_alone(
+    client: httpx.AsyncClient, store: Store, service: ExecutionService
+) -> None:
+    stored = await submit(client, MAIL, "a@example.com", "hi", idempotency_key="mail-k")
+    requests: list[dict[str, Any]] = [
+        *({"ffqn": ORDERS, "params": [f"o-{i}"]} for i in range(12)),
+        {"ffqn": MAIL, "params": ["a@example.com", "hi"], "idempotency_key": "mail-k"},
+        {"ffqn": MAIL, "params": ["b@example.com", "hi"], "idempotency_key": "mail-k"},
+        {"ffqn": ORDERS, "params": ["twice"], "idempotency_key": "new-k"},
+        {"ffqn": ORDERS, "params": ["twice"], "idempotency_key": "new-k"},
+    ]
+    responses = await asyncio.gather(*(client.post("/v1/executions", json=r)
+                                       for r in requests))
+    # they arrived together and shared transactions (veracity/grouping.py), yet each is
+    # answered as it would be alone: created, repeated, or its own conflict
+    assert service.groups.groups >= 1
+    codes = [r.status_code for r in responses]
+    assert codes[:12] == [201] * 12, [r.text for r in responses]
+    assert codes[12:14] == [200, 409]
+    assert responses[12].json()["id"] == stored["id"]
+    assert responses[13].json()["error"]["code"] == "idempotency_conflict"
+    assert sorted(codes[14:]) == [200, 201]
+    assert responses[14].json()["id"] == responses[15].json()["id"]
+    for response in responses[:12]:
+        got = (await client.get(f"/v1/executions/{response.json()['id']}")).json()
+        assert stable(got) == stable(response.json())
+    assert await count_executions(store) == 1 + 12 + 1
+
+
+@pytest.mark.parametrize("extra", [{}, {"idempotency_key": "k-\u00fc \"q\"",
+                                      "scheduled_at": "2030-01-02T03:04:05+02:00",
+                                      "paused": True}], ids=["plain", "keyed-scheduled-paused"])
+async def test_a_submission_answers_the_models_json(
+    client: httpx.AsyncClient, store: Store, extra: dict[str, Any]
+) -> None:
+    """The route writes its answer's text itself (no model built): it must be what the
+    execution's model gives, when created (201) and when repeated (200)."""
+    request = {"ffqn": MAIL, "params": ["a@example.com", {"n": [1, 2.5, None]}], **extra}
+    for status in (201, 200) if extra else (201,):
+        response = await client.post("/v1/executions", json=request)
+        assert response.status_code == status, response.text
+        assert response.headers["content-type"] == "application/json"
+        stored = await store.execution_get(uuid.UUID(response.json()["id"]))
+        assert stored is not None
+        assert response.json() == json.loads(ExecutionOut.of(stored).model_dump_json())
 
 
 async def test_different_keys_create_different_executions(

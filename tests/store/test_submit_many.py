@@ -182,3 +182,48 @@ async def test_a_batch_writes_the_first_event_a_single_submission_writes(
     assert isinstance(one.data, dict) and isinstance(other.data, dict)
     assert {**other.data, "idempotency_key": "s"} == one.data
     assert datetime.fromisoformat(other.data["scheduled_at"]) == when
+
+
+# -- independent items (all_or_nothing=False: single submissions that share a transaction,
+# veracity/grouping.py) -----------------------------------------------------------------
+
+
+async def test_independent_items_answer_a_reused_key_as_a_single_submission_would(
+    store: Store,
+) -> None:
+    stored = (await store.execution_submit(
+        new_execution(idempotency_key="k", request_digest="d"))).execution
+    fine = new_execution(idempotency_key="new", request_digest="n")
+    plain = new_execution()
+    other = new_execution(idempotency_key="k", request_digest="not-d")
+    answers = await store.execution_submit_many([fine, plain, other], all_or_nothing=False)
+
+    # the conflicting item refuses nothing: it is answered the stored execution with its
+    # digest (the caller compares, as after execution_submit), and the others are written
+    assert [a.created for a in answers] == [True, True, False]
+    assert answers[2].execution == stored and answers[2].request_digest == "d"
+    single = await store.execution_submit(other)
+    assert (single.execution, single.created, single.request_digest) == (stored, False, "d")
+    assert await _all_ids(store) == {stored.id, fine.id, plain.id}
+    for new in (fine, plain):
+        (event,) = await assert_history_consistent(store, new.id)
+        assert event.kind == "pending"
+
+
+async def test_independent_items_repeating_a_key_with_another_request(store: Store) -> None:
+    a = new_execution("app.a", [1], idempotency_key="k", request_digest="d")
+    b = new_execution("app.a", [2], idempotency_key="k", request_digest="e")
+    answers = await store.execution_submit_many([a, b], all_or_nothing=False)
+    # as if a were submitted, then b: b is answered a's execution and a's digest
+    assert [s.created for s in answers] == [True, False]
+    assert answers[1].execution.id == a.id and answers[1].request_digest == "d"
+    assert await _all_ids(store) == {a.id}
+
+
+async def test_independent_items_whose_history_insert_fails_write_nothing(
+    store: Store, raw: RawSQL
+) -> None:
+    items = [new_execution(idempotency_key=f"k{i}") for i in range(3)]
+    with raw.history_insert_fails(), pytest.raises(DB_ERRORS, match="boom"):
+        await store.execution_submit_many(items, all_or_nothing=False)
+    assert await _all_ids(store) == set()

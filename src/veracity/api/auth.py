@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import weakref
 from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any
@@ -166,14 +167,31 @@ def is_dashboard(path: str) -> bool:
     return path == "/ui" or path.startswith("/ui/")
 
 
+_FIXED: weakref.WeakKeyDictionary[FastAPI, dict[tuple[str, str, str], tuple[Access, str]]] = (
+    weakref.WeakKeyDictionary())
+"""By application: what :func:`access_of` found for paths a route without parameters took
+(``POST /v1/executions``), so that the busiest requests are not matched against every
+route twice (here and in the router)."""
+
+
 def access_of(app: FastAPI, scope: Scope) -> tuple[Access, str] | None:
     """The access the route this request goes to needs, and ``METHOD path``; None when no
     route takes it (the router answers 404 or 405)."""
+    known = _FIXED.setdefault(app, {})
+    key = (scope["method"], scope.get("root_path", ""), scope["path"])
+    found = known.get(key)
+    if found is not None:
+        return found
     for route in app.router.routes:
-        match, _ = route.matches(scope)
+        match, child = route.matches(scope)
         if match is Match.FULL:
             path: str = getattr(route, "path")  # noqa: B009 - BaseRoute does not declare it
-            return ROUTE_ACCESS[(scope["method"], path)], f"{scope['method']} {path}"
+            found = ROUTE_ACCESS[(scope["method"], path)], f"{scope['method']} {path}"
+            # routes are only ever added after the others: the first route to take a
+            # path without parameters stays the first
+            if not child.get("path_params"):
+                known[key] = found
+            return found
     return None
 
 

@@ -1224,12 +1224,16 @@ def submitted_execution(new: NewExecution, row: Row) -> Execution:
         paused_from=str(Status.PENDING) if new.paused else None)
 
 
-def submit_many(items: Sequence[NewExecution], now: datetime | None) -> Op:
+def submit_many(items: Sequence[NewExecution], now: datetime | None, *,
+                all_or_nothing: bool = True) -> Op:
     """A batch of submissions in a fixed number of statements: insert every item whose key
     is new to the batch (a key stored already, committed or not, is waited for and
     skipped), their first events, and read what the keys skipped name. Each item is
     answered in order; a key reused with a different request refuses the whole batch
-    (:class:`BatchConflict`, raised inside the transaction: nothing is written)."""
+    (:class:`BatchConflict`, raised inside the transaction: nothing is written), unless
+    not ``all_or_nothing``: then that item is answered the execution its key names, with
+    that execution's digest, as :meth:`execution_submit` answers it, and the others are
+    written."""
     first: dict[str, int] = {}
     inserting: list[NewExecution] = []
     for i, new in enumerate(items):
@@ -1283,6 +1287,6 @@ def submit_many(items: Sequence[NewExecution], now: datetime | None) -> Op:
         if not answer.created and answer.request_digest != new.request_digest:
             conflicts[i] = answer.execution.id
         answers.append(answer)
-    if conflicts:
+    if conflicts and all_or_nothing:
         raise BatchConflict(sorted(conflicts), conflicts)
     return answers

@@ -166,12 +166,14 @@ class SharedMethods:
             lambda: _ops.stop_if_owned(claim, interrupt, self._now()))
         return result
 
-    async def execution_submit_many(self, items: Sequence[NewExecution]) -> list[Submitted]:
+    async def execution_submit_many(self, items: Sequence[NewExecution], *,
+                                    all_or_nothing: bool = True) -> list[Submitted]:
         for new in items:
             require_aware(new.scheduled_at)
         if not items:
             return []
-        result: list[Submitted] = await self._op(lambda: _ops.submit_many(items, self._now()))
+        result: list[Submitted] = await self._op(lambda: _ops.submit_many(
+            items, self._now(), all_or_nothing=all_or_nothing))
         return result
 
     async def execution_interrupts(self, owner: str) -> list[Interrupt]:

@@ -366,13 +366,20 @@ class ControlStore(TokenStore, RetryWrites, DelegatedWrites, ReadStore, Protocol
         existing execution with ``created=False`` (concurrent calls create one row).
         """
 
-    async def execution_submit_many(self, items: Sequence[NewExecution]) -> list[Submitted]:
+    async def execution_submit_many(self, items: Sequence[NewExecution], *,
+                                    all_or_nothing: bool = True) -> list[Submitted]:
         """Submit a batch in one transaction: each item as :meth:`execution_submit` would,
         answered in the order of ``items``. An item whose idempotency key appeared earlier
         in the batch is answered the execution of that earlier item (``created=False``, its
         digest). If any keyed item's ``request_digest`` differs from the one its key
         already names (stored, or earlier in the batch), nothing is written and
-        :class:`~veracity.models.BatchConflict` names those items."""
+        :class:`~veracity.models.BatchConflict` names those items.
+
+        Not ``all_or_nothing``: the items are independent submissions that share a
+        transaction (:mod:`veracity.grouping`). A key reused with a different request
+        refuses nothing; that item is answered as :meth:`execution_submit` answers it (the
+        execution its key names, ``created=False``, that execution's digest, which the
+        caller compares) and the other items are written."""
 
     async def execution_cancel(
         self, execution_id: uuid.UUID, *, actor: str | None = None, reason: str | None = None
