@@ -199,7 +199,21 @@ async def test_what_a_server_and_its_worker_did_is_on_metrics(
                  status="404") == 1
     assert value(found, "veracity_http_request_duration_seconds_count", method="POST",
                  route="/v1/executions") == 5
+    # the five single submissions came one after the other: five writes of one each
+    assert value(found, "veracity_submission_write_size_count") == 5
+    assert value(found, "veracity_submission_write_size_sum") == 5
     assert not any(waiting in str(k) for k in found), "an id became a label"
+
+
+async def test_single_submissions_that_arrive_together_show_as_shared_writes(
+    rig: Rig, client: httpx.AsyncClient
+) -> None:
+    await asyncio.gather(*(submit(client, "tel:ok/run.fn", i) for i in range(10)))
+    found = await rig.metrics(client)
+    # every submission is in one write; fewer writes than submissions: some were shared
+    assert value(found, "veracity_submission_write_size_sum") == 10
+    assert value(found, "veracity_submission_write_size_count") < 10
+    assert rig.service.groups.groups >= 1
 
 
 async def test_a_refused_exit_is_a_late_report(rig: Rig) -> None:

@@ -338,8 +338,12 @@ class ExecutionService:
         self.cron_entries = list(crons)
         """The configuration's ``[[cron]]`` entries (docs/cron.md)."""
         self._waits: EndWaits | None = None
-        self.groups = SubmitGroups(store, writers=2)
+        self.groups = SubmitGroups(store, writers=2, written=self._written)
         """Single submissions that arrive together share a transaction (veracity/grouping.py)."""
+
+    def _written(self, count: int) -> None:
+        if self.telemetry is not None:
+            self.telemetry.submissions_written(count)
 
     def _check_workflow(self, ffqn: str) -> None:
         try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import psycopg
@@ -51,9 +51,12 @@ class SubmitGroups:
     ``writers``: how many writes may be under way at once (each holds a database
     connection while it runs)."""
 
-    def __init__(self, store: _Writes, *, writers: int = 1, limit: int = MAX_GROUP) -> None:
+    def __init__(self, store: _Writes, *, writers: int = 1, limit: int = MAX_GROUP,
+                 written: Callable[[int], None] | None = None) -> None:
         if writers < 1 or limit < 1:
             raise ValueError("writers and limit must be at least 1")
+        self._written = written
+        """Told how many submissions each write carried (committed or not)."""
         self._store = store
         self._writers = writers
         self._limit = limit
@@ -86,6 +89,8 @@ class SubmitGroups:
 
     async def _write(self, taken: list[tuple[NewExecution, asyncio.Future[Submitted]]]
                      ) -> None:
+        if self._written is not None:
+            self._written(len(taken))
         try:
             if len(taken) > 1 and await self._together(taken):
                 return

@@ -71,6 +71,10 @@ class Telemetry:
         self.claim_batch = Histogram(
             "veracity_claim_batch_size", "Executions taken by each claim that took any",
             registry=r, buckets=BATCH_BUCKETS)
+        self.submit_writes = Histogram(
+            "veracity_submission_write_size", "Single submissions each write of a server "
+            "carried: 1 when alone, more when they arrived together and shared a "
+            "transaction (group commit)", registry=r, buckets=BATCH_BUCKETS)
         self.late_reports = Counter(
             "veracity_late_reports", "Reports kept in the history because they came after "
             "the execution ended or changed hands, by source", ["source"], registry=r)
@@ -132,6 +136,9 @@ class Telemetry:
     def claimed(self, count: int) -> None:
         if count:
             self.claim_batch.observe(count)
+
+    def submissions_written(self, count: int) -> None:
+        self.submit_writes.observe(count)
 
     def late(self, source: str) -> None:
         self.late_reports.labels(source).inc()

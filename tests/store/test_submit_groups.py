@@ -46,13 +46,14 @@ async def test_a_lone_submission_is_written_alone(store: Store) -> None:
 async def test_submissions_that_arrive_during_a_write_share_one_transaction(
     store: Store, raw: RawSQL
 ) -> None:
-    groups = SubmitGroups(store)
+    sizes: list[int] = []
+    groups = SubmitGroups(store, written=sizes.append)
     news = [new_execution("app.many", [i]) for i in range(20)]
     answers = await _together(groups, news)
 
     # the first found nothing being written and went alone; the 19 that came meanwhile,
     # together
-    assert groups.groups == 1
+    assert groups.groups == 1 and sizes == [1, 19]
     assert [a.execution.id for a in answers] == [n.id for n in news]
     assert all(a.created for a in answers)
     assert await _all_ids(store) == {n.id for n in news}
@@ -181,11 +182,11 @@ async def test_a_caller_that_gives_up_does_not_stop_the_write(store: Store) -> N
 
 
 async def test_a_group_carries_at_most_its_limit(store: Store, raw: RawSQL) -> None:
-    groups = SubmitGroups(store, limit=3)
+    sizes: list[int] = []
+    groups = SubmitGroups(store, limit=3, written=sizes.append)
     news = [new_execution("app.l", [i]) for i in range(10)]
     answers = await _together(groups, news)
-    # 1 alone, then 3, 3, 3
-    assert groups.groups == 3
+    assert groups.groups == 3 and sizes == [1, 3, 3, 3]
     assert [a.execution.id for a in answers] == [n.id for n in news]
     if raw.backend == "postgresql":
         assert raw.scalar("SELECT count(DISTINCT xmin::text) FROM veracity_executions") == 4
