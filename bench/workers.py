@@ -30,7 +30,7 @@ from pathlib import Path
 import psycopg
 
 from bench._util import scratch_pg_database, veracity_bin
-from veracity._ids import new_execution_id
+from veracity._ids import new_execution_id, new_execution_ids
 from veracity.core.states import Status
 from veracity.maintenance.recovery import RecoveryService
 from veracity.models import ExecutionFilter, NewExecution
@@ -71,22 +71,25 @@ async def migrate(url: str) -> None:
 def insert_noops(url: str, n: int, ffqn: str = "bench:noop/run.fn",
                  deployment_id: str = "bench", ago: float = 0.0) -> None:
     """Bulk-insert n pending executions of ``ffqn`` (and their creation events) in one
-    statement, due ``ago`` seconds ago."""
+    statement, due ``ago`` seconds ago. Their ids are made as Veracity makes them
+    (time-ordered, veracity/_ids.py): random ones would land all over the primary keys of
+    a large table, a cost Veracity's own submissions do not have (bench/README.md,
+    Growth)."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             """
             WITH ins AS (
                 INSERT INTO veracity_executions (id, ffqn, params, status, deployment_id,
                     scheduled_at, created_at, updated_at, history_seq)
-                SELECT gen_random_uuid(), %s, '[]', 'pending', %s,
+                SELECT id, %s, '[]', 'pending', %s,
                        now() - make_interval(secs => %s), now(), now(), 1
-                FROM generate_series(1, %s)
+                FROM unnest(%s::uuid[]) AS i (id)
                 RETURNING id, created_at
             )
             INSERT INTO veracity_history (execution_id, seq, kind, at, data)
             SELECT id, 1, 'pending', created_at, '{}' FROM ins
             """,
-            [ffqn, deployment_id, ago, n],
+            [ffqn, deployment_id, ago, new_execution_ids(n)],
         )
 
 
