@@ -6,6 +6,7 @@ items refused whole; and a client pointed at a server that is down or does not a
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 import uuid
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.test_server import Server, free_port, server_env, server_process
@@ -157,6 +159,38 @@ async def test_the_async_client(live: Server, monkeypatch: pytest.MonkeyPatch) -
     async with AsyncClient() as client:
         with pytest.raises(Unauthorized):
             await client.get(echoed.id)
+
+
+async def test_many_single_submissions_at_once(live: Server) -> None:
+    """Single submissions that arrive together at a real server (on uvloop) share
+    transactions (docs/scaling.md, "Many submissions at once"), and each caller is
+    answered as if alone: created, repeated, or its own conflict."""
+    async with AsyncClient(live.url, timeout=10) as client:
+        stored = await client.submit(ECHO, "kept", idempotency_key="kept")
+
+        async def conflicting() -> str:
+            with pytest.raises(ConflictError) as conflict:
+                await client.submit(ECHO, "other", idempotency_key="kept")
+            return conflict.value.code
+
+        fresh, same, kept, code = await asyncio.gather(
+            asyncio.gather(*(client.submit(ECHO, i) for i in range(40))),
+            asyncio.gather(*(client.submit(ECHO, "same", idempotency_key="same")
+                             for _ in range(5))),
+            client.submit(ECHO, "kept", idempotency_key="kept"),
+            conflicting(),
+        )
+        assert [e.params for e in fresh] == [[i] for i in range(40)]
+        assert len({e.id for e in fresh}) == 40
+        assert len({e.id for e in same}) == 1
+        assert kept.id == stored.id and code == "idempotency_conflict"
+        assert [await client.result(e.id, timeout=20) for e in fresh[:3]] == [0, 1, 2]
+    metrics = httpx.get(f"{live.url}/metrics", timeout=5).text
+    writes = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith("veracity_submission_write_size_")}
+    # 1 + 47 submissions, in fewer writes than submissions: some shared a transaction
+    assert writes["veracity_submission_write_size_sum"] == 48
+    assert writes["veracity_submission_write_size_count"] < 48
 
 
 # -- a server that is down ----------------------------------------------------------------------
