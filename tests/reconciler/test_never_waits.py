@@ -203,8 +203,15 @@ async def test_no_transaction_is_open_while_the_tick_waits_on_the_engine(
         for r in others:
             assert r["state"] not in ("idle in transaction",
                                       "idle in transaction (aborted)"), r
-            assert r["xact_start"] is None and r["xid"] is None, r
-            assert r["state"] == "idle", r
+            seen = (f"pid {r['pid']}: {r['state']}, query {r['query']!r}, "
+                    f"lock {r['holds_advisory_lock']}, xid {r['xid']}")
+            if r["holds_advisory_lock"] and r["state"] == "active":
+                # the lock session's keep-alive, caught while it runs (docs/workers.md,
+                # "Recovery"): one autocommit statement, never a transaction left open
+                assert r["query"].strip() == "SELECT 1 AS ok" and r["xid"] is None, seen
+                continue
+            assert r["xact_start"] is None and r["xid"] is None, seen
+            assert r["state"] == "idle", seen
         holders = [r for r in others if r["holds_advisory_lock"]]
         assert len(holders) == 1, others  # the tick's lock session, idle in autocommit
         lock_sessions += 1
