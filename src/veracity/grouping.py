@@ -23,15 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-import psycopg
-
 from veracity.models import NewExecution, Submitted
 
-UNAVAILABLE = (psycopg.OperationalError, sqlite3.OperationalError)
-"""What a store raises when the database cannot be reached or is busy (the API's 503)."""
+
+def unavailable(exc: BaseException) -> bool:
+    """What a store raises when its database cannot be reached or is busy (a pool's
+    timeout included), which the API answers ``503 database_unavailable``. psycopg is
+    not imported for it: a process on SQLite never loads it, and then none of its errors
+    can be raised."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return True
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(exc, psycopg.OperationalError)
 
 
 class _Writes(Protocol):
@@ -117,9 +124,9 @@ class SubmitGroups:
         try:
             answers = await self._store.execution_submit_many(
                 [new for new, _ in taken], all_or_nothing=False)
-        except UNAVAILABLE:
-            raise
-        except Exception:
+        except Exception as exc:
+            if unavailable(exc):
+                raise
             self.regrouped += 1
             return False
         for (_, answer), submitted in zip(taken, answers, strict=True):
@@ -130,9 +137,10 @@ class SubmitGroups:
     async def _alone(self, new: NewExecution, answer: asyncio.Future[Submitted]) -> None:
         try:
             submitted = await self._store.execution_submit(new)
-        except UNAVAILABLE:
-            raise
-        except Exception as exc:  # refused: this caller's error alone
+        except Exception as exc:
+            if unavailable(exc):
+                raise
+            # refused: this caller's error alone
             if not answer.done():
                 answer.set_exception(exc)
             return

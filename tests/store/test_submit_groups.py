@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
 import uuid
 
 import psycopg
@@ -16,7 +17,7 @@ import pytest
 
 from tests._helpers import pg_store_fixture
 from tests.store._support import DB_ERRORS, RawSQL, assert_history_consistent, new_execution
-from veracity.grouping import SubmitGroups
+from veracity.grouping import SubmitGroups, unavailable
 from veracity.models import ExecutionFilter, NewExecution, Submitted
 from veracity.store import Store
 
@@ -210,6 +211,17 @@ async def test_children_are_written_alone(store: Store) -> None:
     answers = await _together(groups, children)
     assert groups.groups == 0
     assert all(a.created and a.execution.parent_id == parent.id for a in answers)
+
+
+def test_what_counts_as_the_database_unavailable() -> None:
+    import psycopg_pool
+
+    assert unavailable(sqlite3.OperationalError("database is locked"))
+    assert unavailable(psycopg.OperationalError("connection refused"))
+    assert unavailable(psycopg_pool.PoolTimeout("no connection"))
+    assert not unavailable(sqlite3.IntegrityError("refused"))
+    assert not unavailable(psycopg.errors.RaiseException("refused"))
+    assert not unavailable(ValueError("bad"))
 
 
 @pytest.mark.parametrize("kwargs", [{"writers": 0}, {"limit": 0}, {"writers": -1}])
