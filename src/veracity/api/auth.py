@@ -177,7 +177,9 @@ route twice (here and in the router)."""
 def access_of(app: FastAPI, scope: Scope) -> tuple[Access, str] | None:
     """The access the route this request goes to needs, and ``METHOD path``; None when no
     route takes it (the router answers 404 or 405)."""
-    known = _FIXED.setdefault(app, {})
+    known = _FIXED.get(app)
+    if known is None:
+        known = _FIXED[app] = {}
     key = (scope["method"], scope.get("root_path", ""), scope["path"])
     found = known.get(key)
     if found is not None:
