@@ -5,6 +5,8 @@ interleaved (round 1 of every system, then round 2, ...), median of the rounds.
 
 Workloads (one fresh database each):
 - enqueue: ``--jobs`` jobs submitted one call at a time by one client; jobs/s.
+- enqueue, ``--callers`` at once: ``--jobs`` jobs, each caller (a task of one process)
+  submitting its share one call at a time; jobs/s.
 - no-op 1 / 2 workers: those jobs, then 1 (or 2) worker processes started; jobs/s is
   the jobs finished between the first poll that saw one finished and the poll that saw
   none left, over that time (polled every 50 ms by the harness).
@@ -88,17 +90,22 @@ def drain(system: System, url: str, n: int, timeout: float = 120) -> float | Non
 
 
 async def submit_all(system: System, url: str, items: list[tuple[str, str]],
-                     gap: float = 0.0) -> tuple[float, dict[str, float]]:
-    """(jobs/s, {key: time before its call})."""
+                     gap: float = 0.0, callers: int = 1) -> tuple[float, dict[str, float]]:
+    """(jobs/s, {key: time before its call}): ``callers`` tasks at once, each submitting
+    its share one call at a time."""
     sent: dict[str, float] = {}
-    async with system.submitter(url, items[0][0]) as submit:
+    async with system.submitter(url, items[0][0], callers) as submit:
         await submit(items[0][0], "warm-up")
+
+        async def caller(share: list[tuple[str, str]]) -> None:
+            for kind, key in share:
+                sent[key] = time.time()
+                await submit(kind, key)
+                if gap:
+                    await asyncio.sleep(gap)
+
         began = time.perf_counter()
-        for kind, key in items:
-            sent[key] = time.time()
-            await submit(kind, key)
-            if gap:
-                await asyncio.sleep(gap)
+        await asyncio.gather(*(caller(items[i::callers]) for i in range(callers)))
         elapsed = time.perf_counter() - began
     return len(items) / elapsed, sent
 
@@ -116,6 +123,15 @@ def throughput(system: System, n: int, procs: int, job: str = "noop") -> tuple[f
         # the warm-up job counts too
         with workers(system, url, procs, job):
             return rate, drain(system, url, n + 1)
+    raise AssertionError
+
+
+def enqueue_at_once(system: System, n: int, callers: int) -> float:
+    """Jobs/s of ``n`` single submissions by ``callers`` callers at once."""
+    for url in fresh(system):
+        rate, _ = asyncio.run(submit_all(system, url, [("noop", f"k{i}") for i in range(n)],
+                                         callers=callers))
+        return rate
     raise AssertionError
 
 
@@ -204,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--steps-jobs", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--callers", type=int, default=16)
     parser.add_argument("--only", nargs="*", help="system kinds to run (default: all)")
     parser.add_argument("--workloads", nargs="*", choices=WORKLOADS, default=list(WORKLOADS),
                         help="workloads to run (default: all); the others show as '-'")
@@ -238,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
                 enq, rate2 = throughput(system, args.jobs, 2)
                 add(system, "enqueue", enq)
                 add(system, "noop2", rate2)
+                add(system, "enqueue_many", enqueue_at_once(system, args.jobs, args.callers))
             if "latency" in chosen:
                 p50, p99, missed = latency(system, args.samples)
                 add(system, "p50", p50)
@@ -254,9 +272,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"# round {r + 1} {system.name}: {time.monotonic() - started:.0f} s, "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
     print("| system | no-op jobs/s, 1 worker | 2 workers | enqueue jobs/s (one call each) "
-          "| submit-to-start p50 / p99 | 3-step workflows/s | kill -9: kill to all done "
+          f"| same, {args.callers} callers at once | submit-to-start p50 / p99 "
+          "| 3-step workflows/s | kill -9: kill to all done "
           "| duplicates / losses (kill -9, all rounds) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for system in systems:
         res = results[system.name]
         if "latency" in chosen:
@@ -272,7 +291,8 @@ def main(argv: list[str] | None = None) -> None:
         recovery_text = ((fmt(res["recovery"], " s"), f"{total(res['dups']):.0f} / "
                           f"{total(res['lost']):.0f}") if "recovery" in chosen else ("-", "-"))
         print(f"| {system.name} | {fmt(res.get('noop1', []))} | {fmt(res.get('noop2', []))} | "
-              f"{fmt(res.get('enqueue', []))} | {latency_text} | {steps_text} | "
+              f"{fmt(res.get('enqueue', []))} | {fmt(res.get('enqueue_many', []))} | "
+              f"{latency_text} | {steps_text} | "
               f"{recovery_text[0]} | {recovery_text[1]} |")
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ functions: they are installed in ``.venv-peers`` (``make bench-peers``), never i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -46,6 +47,10 @@ class System:
     dbos_polling: float = 1.0
     settings: tuple[tuple[str, str], ...] = ()
     """Veracity: settings of its worker processes beyond the defaults (environment)."""
+    via: str = "http"
+    """Veracity: how jobs are submitted: ``http``, :class:`veracity.AsyncClient` through a
+    ``veracity server``; ``database``, :class:`veracity.AsyncDatabaseClient` (as every
+    peer's client, straight to the database)."""
 
     def worker_argv(self, url: str, job: str, recovery: bool) -> tuple[list[str], dict[str, str]]:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -90,14 +95,34 @@ class System:
                            capture_output=True)
 
     @asynccontextmanager
-    async def submitter(self, url: str, job: str) -> AsyncIterator[Submit]:
-        """``submit(job_kind, key)``: one job per call, durable when it returns."""
+    async def submitter(self, url: str, job: str, callers: int = 1) -> AsyncIterator[Submit]:
+        """``submit(job_kind, key)``: one job per call, durable when it returns; ``callers``
+        may call it at once (the plain queue and PGQueuer get a connection per caller; the
+        others share their clients' own pools, at their defaults)."""
         if self.kind == "plain":
-            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            async with connections(url, callers) as idle:
                 async def plain(kind: str, key: str) -> None:
-                    await conn.execute("INSERT INTO plain_jobs (kind, key) VALUES (%s, %s)",
-                                       [kind, key])
+                    conn = await idle.get()
+                    try:
+                        await conn.execute(
+                            "INSERT INTO plain_jobs (kind, key) VALUES (%s, %s)", [kind, key])
+                    finally:
+                        idle.put_nowait(conn)
                 yield plain
+        elif self.kind == "veracity" and self.via == "database":
+            from veracity import AsyncDatabaseClient
+
+            os.environ["VERACITY_DEPLOYMENT_ID"] = "bench"  # the workers' (worker_argv)
+            try:
+                async with AsyncDatabaseClient(url, app="bench.peers.vapp:app") as direct:
+                    async def veracity_direct(kind: str, key: str) -> None:
+                        if kind == "steps":
+                            await direct.submit("bench:peers/steps.fn", key)
+                        else:
+                            await direct.submit("bench:peers/job.fn", kind, key)
+                    yield veracity_direct
+            finally:
+                del os.environ["VERACITY_DEPLOYMENT_ID"]
         elif self.kind == "veracity":
             from bench._util import server
             from veracity import AsyncClient
@@ -114,11 +139,18 @@ class System:
         elif self.kind == "pgqueuer":
             from pgqueuer import PsycopgDriver, Queries
 
-            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-                queries = Queries(PsycopgDriver(conn))
+            async with connections(url, callers) as idle_conns:
+                idle: asyncio.Queue[Any] = asyncio.Queue()
+                while not idle_conns.empty():
+                    idle.put_nowait(Queries(PsycopgDriver(idle_conns.get_nowait())))
 
                 async def pgqueuer(kind: str, key: str) -> None:
-                    await queries.enqueue("job", json.dumps({"kind": kind, "key": key}).encode())
+                    queries = await idle.get()
+                    try:
+                        await queries.enqueue("job",
+                                              json.dumps({"kind": kind, "key": key}).encode())
+                    finally:
+                        idle.put_nowait(queries)
                 yield pgqueuer
         elif self.kind == "procrastinate":
             app = procrastinate_app(url)
@@ -145,6 +177,20 @@ class System:
                 client.destroy()
 
 
+@asynccontextmanager
+async def connections(url: str, n: int) -> AsyncIterator[asyncio.Queue[Any]]:
+    """``n`` open connections (autocommit), in a queue of idle ones."""
+    idle: asyncio.Queue[Any] = asyncio.Queue()
+    opened = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(n)]
+    for conn in opened:
+        idle.put_nowait(conn)
+    try:
+        yield idle
+    finally:
+        for conn in opened:
+            await conn.close()
+
+
 def procrastinate_app(url: str) -> Any:
     import procrastinate
 
@@ -161,9 +207,12 @@ def procrastinate_app(url: str) -> Any:
 
 SYSTEMS = [
     System("plain SKIP LOCKED", "plain", "SELECT count(*) FROM plain_jobs"),
-    System("Veracity", "veracity",
+    System("Veracity (HTTP client)", "veracity",
            "SELECT count(*) FROM veracity_executions WHERE status <> 'completed'",
            has_steps=True),
+    System("Veracity (database client)", "veracity",
+           "SELECT count(*) FROM veracity_executions WHERE status <> 'completed'",
+           has_steps=True, via="database"),
     # Veracity's defaults are also the settings docs/scaling.md recommends for short async
     # workflows (worker.concurrency 128; 256 showed no clear gain): no separate tuned row
     System("PGQueuer", "pgqueuer", "SELECT count(*) FROM pgqueuer"),

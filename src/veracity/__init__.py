@@ -1,7 +1,8 @@
 """Veracity: durable workflow execution that never lies about the state of an execution.
 
 ``App`` and the workflow ``Context`` for writing workflows; ``Client`` and ``AsyncClient``
-for using a Veracity server from Python (docs/client.md). Names load on first use, so
+for using a Veracity server from Python, ``AsyncDatabaseClient`` for submitting straight to
+its database (docs/client.md). Names load on first use, so
 ``import veracity`` stays quick.
 """
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     )
     from veracity.core.retry import RetryPolicy
     from veracity.core.states import Status
+    from veracity.direct import AsyncDatabaseClient
     from veracity.worker.context import Context
     from veracity.worker.errors import (
         ExecutionInterrupted,
@@ -48,6 +50,7 @@ _WHERE: dict[str, str] = {
     "HttpRefused": "veracity.worker.http",
     "Client": "veracity.client",
     "AsyncClient": "veracity.client",
+    "AsyncDatabaseClient": "veracity.direct",
     "ApiError": "veracity.client",
     "ExecutionFailed": "veracity.client",
     "ServerUnreachable": "veracity.client",
@@ -59,6 +62,7 @@ __all__ = [
     "ApiError",
     "App",
     "AsyncClient",
+    "AsyncDatabaseClient",
     "Client",
     "Context",
     "ExecutionFailed",

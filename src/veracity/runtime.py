@@ -84,13 +84,15 @@ def deployment_id_for(settings: Settings, app: App | None) -> str:
 
 
 async def open_runtime(settings: Settings, *, migrate: bool = False,
-                       engines: bool = False, read_only: bool = False) -> Runtime:
+                       engines: bool = False, read_only: bool = False,
+                       app: App | None = None) -> Runtime:
     """Open the store and build the service. ``engines``: also build the engines'
     adapters, so that the service can ask an engine about a delegated run (resolve,
     cancel); the runtime closes them. ``read_only``: for commands that only read: the
     engines are not configured (their secrets are not needed), and a database that does
-    not exist yet is an error instead of being created."""
-    app = load_user_app(settings)
+    not exist yet is an error instead of being created. ``app``: this App instead of the
+    settings' ``app`` (a program that holds its App already)."""
+    app = app if app is not None else load_user_app(settings)
     external = ExternalConfig(None, {}, {}) if read_only else parse_external(settings)
     # a command that only reads validates no [[cron]] entry
     crons = [] if read_only else cron_entries(settings, app, external)

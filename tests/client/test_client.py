@@ -10,15 +10,13 @@ import asyncio
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.test_server import Server, free_port, server_env, server_process
-from tests.worker._procs import REPO_ROOT
+from tests.client.conftest import ECHO, FAIL, HOLD
+from tests.test_server import Server, free_port
 from veracity import (
     ApiError,
     AsyncClient,
@@ -29,19 +27,6 @@ from veracity import (
     WaitTimeout,
 )
 from veracity.client import ConflictError, InvalidRequest, NotFoundError, Unauthorized
-
-APP = "tests.client.client_app:app"
-ECHO, FAIL, HOLD = "t:client/echo.run", "t:client/fail.run", "t:client/hold.run-cancellable"
-
-
-@pytest.fixture
-def live(database_url: str, tmp_path: Path) -> Iterator[Server]:
-    port = free_port()
-    env = server_env(database_url, port, VERACITY_APP=APP, PYTHONPATH=str(REPO_ROOT),
-                     VERACITY_POLL_INTERVAL="0.1s")
-    with server_process(tmp_path, env, port, ["--worker"]) as server:
-        server.wait_healthy()
-        yield server
 
 
 def test_every_method_of_the_client(live: Server) -> None:

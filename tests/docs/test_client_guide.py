@@ -18,14 +18,14 @@ def blocks(language: str) -> list[str]:
 
 
 def test_the_scripts_print_what_the_guide_says(tmp_path: Path) -> None:
-    script, async_script = blocks("python")
+    script, async_script, direct_script = blocks("python")
     printed = blocks("text")[1]
     port = free_port()
     env = server_env(f"sqlite:///{tmp_path}/v.db", port)
     with server_process(tmp_path, env, port, ["--worker"]) as server:
         server.wait_healthy()
         outputs = []
-        for n, code in enumerate((script, async_script)):
+        for n, code in enumerate((script, async_script, direct_script)):
             path = tmp_path / f"script{n}.py"
             path.write_text(code)
             ran = subprocess.run([sys.executable, str(path)],
@@ -36,3 +36,4 @@ def test_the_scripts_print_what_the_guide_says(tmp_path: Path) -> None:
     assert outputs[0] == printed
     assert outputs[1].splitlines() == ["queued mail to grace@example.com: Hello",
                                        "completed", "paused", "completed"]
+    assert outputs[2].splitlines() == ["queued mail to linus@example.com: Hi", "completed"]

@@ -1,0 +1,194 @@
+"""Submitting straight to the database: :class:`AsyncDatabaseClient` (docs/client.md).
+
+Application code that shares the database with Veracity's servers and workers (as
+PGQueuer's, Procrastinate's or DBOS's client does) can submit and wait without a hop
+through the HTTP API: the same checks as the API (known workflow, parameters against its
+signature, payload size, idempotency keys), the same statements, the same group commit of
+submissions that arrive together (veracity/grouping.py), and the same answers and typed
+errors as :class:`veracity.AsyncClient`, from the same configuration as ``veracity
+server`` (``veracity.toml``, ``VERACITY_*``).
+
+    from veracity import AsyncDatabaseClient
+
+    async with AsyncDatabaseClient() as client:  # VERACITY_DATABASE_URL, VERACITY_APP
+        execution = await client.submit("shop:orders/process.run", "order-1", 2500)
+        print(await client.result(execution.id, timeout=60))
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+from veracity.api.schemas import ExecutionOut
+from veracity.app import App
+from veracity.client import (
+    _BY_STATUS,
+    TERMINAL,
+    WAIT_STEP,
+    ApiError,
+    ClientExecution,
+    DatabaseUnavailable,
+    ExecutionFailed,
+    InvalidRequest,
+    Submission,
+    WaitTimeout,
+)
+from veracity.config import load_settings
+from veracity.control import SubmitItem
+from veracity.errors import VeracityError
+from veracity.models import Execution
+from veracity.runtime import Runtime, open_runtime
+
+__all__ = ["AsyncDatabaseClient"]
+
+
+def _client_execution(execution: Execution, waiting_reason: str | None = None
+                      ) -> ClientExecution:
+    """The execution as the API would answer it (the same JSON, read the same way)."""
+    data = to_jsonable_python(ExecutionOut.plain(execution))
+    data["waiting_reason"] = waiting_reason
+    return ClientExecution.of(data)
+
+
+def _item(submission: Submission | Mapping[str, Any]) -> SubmitItem:
+    """A :class:`Submission`, or a mapping as the batch endpoint's items (``scheduled_at``
+    a datetime or ISO 8601 text)."""
+    if isinstance(submission, Submission):
+        return SubmitItem(submission.ffqn, submission.params, submission.idempotency_key,
+                          submission.scheduled_at, submission.paused)
+    at = submission.get("scheduled_at")
+    return SubmitItem(submission["ffqn"], submission.get("params", ()),
+                      submission.get("idempotency_key"),
+                      datetime.fromisoformat(at) if isinstance(at, str) else at,
+                      bool(submission.get("paused", False)))
+
+
+def _unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, sqlite3.OperationalError):
+        return True
+    try:
+        import psycopg
+        import psycopg_pool
+    except ImportError:  # pragma: no cover - both are dependencies of the package
+        return False
+    return isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout)
+
+
+class AsyncDatabaseClient:
+    """:class:`veracity.AsyncClient`'s submission methods (``submit``, ``submit_many``,
+    ``get``, ``wait``, ``result``), on the database itself instead of a server's API.
+
+    ``database_url`` (default: the configuration's ``database_url``, as ``veracity server``
+    reads it) and ``app`` (an :class:`veracity.App` or ``"module:attribute"``; default the
+    configuration's ``app``): the workflows a submission is checked against. ``config``: a
+    configuration file, as ``veracity --config``. Open it with ``async with`` (or
+    :meth:`open`, then :meth:`aclose`); one client holds one connection pool: make one and
+    share it.
+
+    Errors are the HTTP client's, with the status and code the API would have answered
+    (:class:`veracity.client.InvalidRequest`, ``ConflictError``, ``NotFoundError``,
+    ``PayloadTooLarge``, ``DatabaseUnavailable``)."""
+
+    def __init__(self, database_url: str | None = None, *, app: App | str | None = None,
+                 config: str | Path | None = None) -> None:
+        overrides: dict[str, object] = {"database_url": database_url}
+        if isinstance(app, str):
+            overrides["app"] = app
+        self.settings = load_settings(config, overrides=overrides)
+        self._app = app if isinstance(app, App) else None
+        self._runtime: Runtime | None = None
+
+    async def open(self) -> AsyncDatabaseClient:
+        """Connect (once; later calls do nothing). A database that does not answer is
+        :class:`veracity.client.DatabaseUnavailable` (after the connection's timeout)."""
+        if self._runtime is None:
+            self._runtime = await self._do(open_runtime(self.settings, app=self._app))
+        return self
+
+    async def __aenter__(self) -> AsyncDatabaseClient:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            await runtime.close()
+
+    @property
+    def _service(self) -> Any:
+        if self._runtime is None:
+            raise RuntimeError("the client is not open: use `async with "
+                               "AsyncDatabaseClient(...)` or `await client.open()`")
+        return self._runtime.service
+
+    async def _do(self, coro: Any) -> Any:
+        try:
+            return await coro
+        except VeracityError as exc:
+            kind = _BY_STATUS.get(exc.status, ApiError)
+            raise kind(exc.status, exc.code, exc.message, exc.details) from None
+        except Exception as exc:
+            if _unavailable(exc):
+                raise DatabaseUnavailable(503, "database_unavailable",
+                                          f"the database did not answer: {exc}") from exc
+            raise
+
+    async def submit(self, ffqn: str, *params: Any, idempotency_key: str | None = None,
+                     scheduled_at: Any = None, paused: bool = False) -> ClientExecution:
+        """As :meth:`veracity.AsyncClient.submit`: a new execution, or the one its
+        idempotency key named already."""
+        execution, _ = await self._do(self._service.submit(
+            ffqn, list(params), idempotency_key=idempotency_key, scheduled_at=scheduled_at,
+            paused=paused))
+        return _client_execution(execution)
+
+    async def submit_many(self, submissions: Sequence[Submission | Mapping[str, Any]]
+                          ) -> list[ClientExecution]:
+        """As :meth:`veracity.AsyncClient.submit_many`: up to 1,000 in one transaction,
+        answered in order; nothing is written if any is refused."""
+        try:
+            items = [_item(s) for s in submissions]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidRequest(422, "invalid_input", f"not a submission: {exc!r}") from None
+        done = await self._do(self._service.submit_many(items))
+        return [_client_execution(execution) for execution, _ in done]
+
+    async def get(self, execution_id: str) -> ClientExecution:
+        service = self._service
+        execution = await self._do(service.get(execution_id))
+        waiting = await self._do(service.waiting_reasons([execution]))
+        return _client_execution(execution, waiting.get(execution.id))
+
+    async def wait(self, execution_id: str, timeout: float | None = None) -> ClientExecution:
+        """As :meth:`veracity.AsyncClient.wait`: woken by the database's end signals (on
+        PostgreSQL its notifications), not by polling; :class:`veracity.WaitTimeout` with
+        the execution as it is then, if it has not ended within ``timeout`` seconds."""
+        if timeout is not None and timeout < 0:
+            raise InvalidRequest(422, "invalid_wait", "timeout must not be negative")
+        service = self._service
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_STEP if deadline is None else max(0.0, deadline - time.monotonic())
+            execution = await self._do(service.wait(execution_id, min(WAIT_STEP, left)))
+            if str(execution.status) in TERMINAL:
+                return _client_execution(execution)
+            if deadline is not None and time.monotonic() >= deadline:
+                waiting = await self._do(service.waiting_reasons([execution]))
+                raise WaitTimeout(_client_execution(execution, waiting.get(execution.id)))
+
+    async def result(self, execution_id: str, timeout: float | None = None) -> Any:
+        """The completed execution's result; :class:`veracity.ExecutionFailed` if it
+        ended otherwise."""
+        execution = await self.wait(execution_id, timeout)
+        if execution.status != "completed":
+            raise ExecutionFailed(execution)
+        return execution.result
