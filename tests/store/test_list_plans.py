@@ -14,7 +14,8 @@ would be 20,000.
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -128,11 +129,53 @@ def test_each_filter_reads_about_a_page_through_an_index(
     assert rows_read <= 10 * LIMIT, (name, rows_read, kinds)
 
 
+PLANS = ["custom", "generic"]
+"""How a statement is planned: ``custom``, for its values (EXPLAIN of the statement, as the
+server's sessions mostly run it); ``generic``, once for any values (a worker's sessions:
+``open_store(generic_plans=True)``)."""
+
+
+def run_plan(conn: psycopg.Connection[Any], query: str, params: dict[str, Any],
+             plans: str) -> dict[str, Any]:
+    """Run ``query`` (in the caller's transaction) and answer its plan with what each node
+    did (EXPLAIN ANALYZE's JSON "Plan"). ``generic``: the plan a session with
+    ``plan_cache_mode = force_generic_plan`` runs for the prepared statement, as
+    auto_explain reports it (PostgreSQL 15 cannot EXPLAIN a generic plan directly)."""
+    if plans == "custom":
+        (plan,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query, params).fetchall()
+        top = cast(dict[str, Any], plan[0]["Plan"])
+        assert not any("$" in c for c in _conditions(top)), _conditions(top)  # values in
+        return top
+    notices: list[str] = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_analyze = on",
+                    "auto_explain.log_format = json", "auto_explain.log_level = notice",
+                    "auto_explain.log_nested_statements = off",
+                    "plan_cache_mode = force_generic_plan"):
+        conn.execute(f"SET LOCAL {setting}")
+    conn.execute(query, params, prepare=True)
+    # a SELECT's portal ends (and its plan is reported) with the next command
+    conn.execute("SET LOCAL auto_explain.log_min_duration = -1")
+    plans_seen = [json.loads(n.split("plan:", 1)[1]) for n in notices if "plan:" in n]
+    assert len(plans_seen) == 1, notices
+    top = cast(dict[str, Any], plans_seen[0]["Plan"])
+    # planned for any values: the parameters stand in its conditions as $n
+    assert any("$" in c for c in _conditions(top)), _conditions(top)
+    return top
+
+
+def _conditions(node: dict[str, Any]) -> list[str]:
+    own = [str(node[k]) for k in ("Index Cond", "Filter", "Recheck Cond") if k in node]
+    return own + [c for child in node.get("Plans", []) for c in _conditions(child)]
+
+
 LIST_INDEXES = {"veracity_executions_status_created", "veracity_executions_deployment_created",
                 "veracity_executions_ffqn_created", "veracity_executions_flagged_created"}
 
 
-def test_the_lists_indexes_never_serve_a_claim(filled: str) -> None:
+@pytest.mark.parametrize("plans", PLANS)
+def test_the_lists_indexes_never_serve_a_claim(filled: str, plans: str) -> None:
     """A claim on the large table, with 500 new pending rows the statistics do not know of
     (as in production, where pending rows are few among many ended ones), reads the due
     rows from veracity_executions_unfinished: none of the list's indexes, which would make
@@ -146,17 +189,17 @@ def test_the_lists_indexes_never_serve_a_claim(filled: str) -> None:
             "scheduled_at, created_at, updated_at, history_seq) "
             "SELECT gen_random_uuid(), 'bench:noop/run.fn', '[]', 'pending', 'bench', "
             "now(), now(), now(), 1 FROM generate_series(1, 500)")
-        (plan,), = conn.execute("EXPLAIN (FORMAT JSON) " + _q("execution_claim"), {
+        plan = run_plan(conn, _q("execution_claim"), {
             "deployment_id": "bench", "now": None, "pinned": ["bench:noop/run.fn"],
             "upgrading": [], "limit": 16, "owner": "w", "ttl": timedelta(seconds=120),
-            "from_states": ["pending"]}).fetchall()
+            "from_states": ["pending"]}, plans)
         conn.rollback()
 
     def indexes(node: dict[str, Any]) -> set[str]:
         own = {node["Index Name"]} if "Index Name" in node else set()
         return own.union(*(indexes(c) for c in node.get("Plans", [])))
 
-    used = indexes(plan[0]["Plan"])
+    used = indexes(plan)
     assert "veracity_executions_unfinished" in used, used
     assert not used & LIST_INDEXES, used
 
@@ -174,7 +217,8 @@ def _pending_unknown_to_statistics(conn: psycopg.Connection[Any], n: int) -> Non
         "now(), now(), now(), 1 FROM generate_series(1, %(n)s)", {"n": n})
 
 
-def test_a_claim_reads_its_batch_not_every_pending_row(filled: str) -> None:
+@pytest.mark.parametrize("plans", PLANS)
+def test_a_claim_reads_its_batch_not_every_pending_row(filled: str, plans: str) -> None:
     """With 2,000 pending rows the statistics do not know of (they were gathered when none
     was pending, and 2,000 new rows are far under autovacuum's re-analyze threshold on a
     large table), a claim of 16 reads about 16 rows: its UPDATE finds the chosen rows by
@@ -186,12 +230,11 @@ def test_a_claim_reads_its_batch_not_every_pending_row(filled: str) -> None:
 
     with psycopg.connect(filled, prepare_threshold=None) as conn:
         _pending_unknown_to_statistics(conn, 2000)
-        (plan,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _q("execution_claim"), {
+        top = run_plan(conn, _q("execution_claim"), {
             "deployment_id": "bench", "now": None, "pinned": ["bench:noop/run.fn"],
             "upgrading": [], "limit": 16, "owner": "w", "ttl": timedelta(seconds=120),
-            "from_states": ["pending"]}).fetchall()
+            "from_states": ["pending"]}, plans)
         conn.rollback()
-    top = plan[0]["Plan"]
     assert _claimed(top) == 16
     assert _rows_read(top) <= 4 * 16, _rows_read(top)
 
@@ -207,9 +250,11 @@ def _running_unknown_to_statistics(conn: psycopg.Connection[Any], n: int) -> lis
     return [str(r[0]) for r in rows if r[1] == "w1"][:16]
 
 
+@pytest.mark.parametrize("plans", PLANS)
 @pytest.mark.parametrize("name", ["execution_leave_many_if_owned",
                                   "execution_checkpoint_many_if_owned", "lease_renew"])
-def test_a_workers_batch_reads_its_rows_not_every_running_row(filled: str, name: str) -> None:
+def test_a_workers_batch_reads_its_rows_not_every_running_row(filled: str, name: str,
+                                                              plans: str) -> None:
     """With 2,000 running rows of 16 workers the statistics do not know of, one worker's
     batch of 16 completions (or checkpoints, or lease renewals) reads about 16 rows, each
     found by primary key. When the lease fence stood bare in the WHERE, the planner read
@@ -230,10 +275,8 @@ def test_a_workers_batch_reads_its_rows_not_every_running_row(filled: str, name:
             params["rows"] = json.dumps([[i, 1, "step_completed", "{}"] for i in ids])
         else:
             params.update(ids=ids, epochs=[1] * 16, ttl=timedelta(seconds=120))
-        (plan,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _q(name),
-                                params).fetchall()
+        top = run_plan(conn, _q(name), params, plans)
         conn.rollback()
-    top = plan[0]["Plan"]
     assert _claimed(top) >= 16  # every row of the batch written
     assert _rows_read(top) <= 4 * 16, _rows_read(top)
 
@@ -266,3 +309,65 @@ def test_the_stores_connections_do_not_jit(filled: str) -> None:
 
     row = run_async(setting())
     assert row is not None and row["jit"] == "off", row
+
+
+@pytest.mark.parametrize("plans", PLANS)
+@pytest.mark.parametrize("name", ["execution_expired_leases", "execution_wake_due"])
+def test_a_workers_scans_read_what_is_due_not_every_row_in_that_state(
+        filled: str, name: str, plans: str) -> None:
+    """Lease recovery (which every worker runs) and the claim loop's timer check, with 2,000
+    rows in the state they look at that are not due (leases that run for an hour, timers
+    an hour away) and 16 that are, none known to the statistics: each reads about the 16
+    (their partial indexes are in due order), not the 2,000."""
+    with psycopg.connect(filled, prepare_threshold=None) as conn:
+        status, when = (("running", "lease_expires_at") if name == "execution_expired_leases"
+                        else ("blocked", "wake_at"))
+        conn.execute(
+            "INSERT INTO veracity_executions (id, ffqn, params, status, deployment_id, "
+            "scheduled_at, created_at, updated_at, history_seq, lease_owner, lease_epoch, "
+            f"{when}) SELECT gen_random_uuid(), 'bench:noop/run.fn', '[]', %(status)s, "
+            "'bench', now(), now(), now(), 2, CASE WHEN %(status)s = 'running' THEN 'w' END, "
+            "1, CASE WHEN i <= 16 THEN now() - interval '1 minute' "
+            "ELSE now() + interval '1 hour' END FROM generate_series(1, 2016) AS i",
+            {"status": status})
+        params: dict[str, Any] = {"now": None, "limit": 100}
+        if name == "execution_expired_leases":
+            params["terminal"] = ["completed", "failed", "failed_transient", "cancelled"]
+        else:
+            params["from_states"] = ["blocked"]
+        top = run_plan(conn, _q(name), params, plans)
+        conn.rollback()
+    read = sum((n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"]
+               for n in scans(top) if n.get("Alias", "e") in ("e", "veracity_executions"))
+    assert 16 <= read <= 4 * 16, (read, _conditions(top))
+
+
+def test_a_workers_sessions_plan_once_and_the_servers_for_each_values(filled: str) -> None:
+    """``veracity worker`` opens its store with generic plans (its statements' plans are
+    checked above, both ways); every other store plans for the values, which the list's
+    filters need."""
+    import asyncio
+
+    from tests.conftest import run_async
+    from veracity.config import load_settings
+    from veracity.store import Store, open_store
+    from veracity.store.postgres.store import PostgresStore
+    from veracity.worker.main import open_store_patiently
+
+    async def mode(store: Store | None) -> str:
+        assert isinstance(store, PostgresStore)
+        try:
+            async with store._pool.connection() as conn:
+                row = await (await conn.execute("SHOW plan_cache_mode")).fetchone()
+        finally:
+            await store.close()
+        assert row is not None
+        return str(row["plan_cache_mode"])
+
+    async def modes() -> list[str]:
+        worker = await open_store_patiently(
+            load_settings(env={"VERACITY_DATABASE_URL": filled}), asyncio.Event())
+        return [await mode(worker), await mode(await open_store(filled)),
+                await mode(await open_store(filled, generic_plans=True))]
+
+    assert run_async(modes()) == ["force_generic_plan", "auto", "force_generic_plan"]

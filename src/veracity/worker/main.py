@@ -34,7 +34,8 @@ async def open_store_patiently(settings: Settings, stop: asyncio.Event) -> Store
     while not stop.is_set():
         try:
             return await open_store(settings.database_url,
-                                    pool_size=min(20, settings.worker.concurrency + 4))
+                                    pool_size=min(20, settings.worker.concurrency + 4),
+                                    generic_plans=True)
         except ConfigError:
             raise
         except Exception as exc:

@@ -198,7 +198,7 @@ class PostgresStore(SharedMethods):
     @classmethod
     async def open(
         cls, url: str, *, clock: Clock, pool_size: int = 10, connect_timeout: int = 10,
-        lock_silence: float = LOCK_SILENCE,
+        lock_silence: float = LOCK_SILENCE, generic_plans: bool = False,
     ) -> PostgresStore:
         if not 0.1 <= lock_silence <= 3600:  # idle_session_timeout counts milliseconds
             raise ValueError(f"lock_silence must be between 0.1 and 3600 s, not {lock_silence}")
@@ -216,6 +216,14 @@ class PostgresStore(SharedMethods):
             # list's FFQN-prefix probe at 10M rows: 237 ms, nearly all of it compiling;
             # bench/README.md, Growth).
             await conn.execute("SET jit = off")
+            if generic_plans:
+                # A worker's statements (claims, lease renewals, completions, checkpoints)
+                # find their rows by key or by a partial index, whatever the values. Left
+                # to choose, PostgreSQL planned the claim anew on every execution (its
+                # generic plan's estimate is higher), some 0.7 ms of the worker's path
+                # from a submission to its start (docs/scaling.md). Their generic plans
+                # are checked in tests/store/test_list_plans.py.
+                await conn.execute("SET plan_cache_mode = force_generic_plan")
 
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             url,
