@@ -140,7 +140,7 @@ class System:
             from pgqueuer import PsycopgDriver, Queries
 
             async with connections(url, callers) as idle_conns:
-                idle: asyncio.Queue[Any] = asyncio.Queue()
+                idle = asyncio.Queue[Any]()
                 while not idle_conns.empty():
                     idle.put_nowait(Queries(PsycopgDriver(idle_conns.get_nowait())))
 
