@@ -981,3 +981,57 @@ async def test_claim_failures_are_retried_and_reported_once(
     said = [r.getMessage() for r in caplog.records if "claim failed" in r.getMessage()]
     assert len(said) == 1
     assert "connection refused" in said[0]
+
+
+async def test_a_woken_claim_never_waits_behind_the_timer_sweep(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim loop sweeps due timers once per poll interval, after its claim: a worker
+    woken by a submission claims first (the sweep's round trip is not on the way from a
+    submission to its start), and timers are still swept while the worker is idle."""
+    calls: list[str] = []
+    claim, sweep = store.execution_claim, store.execution_wake_due
+
+    async def claiming(*args: Any, **kwargs: Any) -> list[Execution]:
+        calls.append("claim")
+        return await claim(*args, **kwargs)
+
+    async def sweeping(*args: Any, **kwargs: Any) -> list[Execution]:
+        calls.append("sweep")
+        return await sweep(*args, **kwargs)
+
+    monkeypatch.setattr(store, "execution_claim", claiming)
+    monkeypatch.setattr(store, "execution_wake_due", sweeping)
+    worker = make_worker(store)
+    async with running(worker):
+        await until(lambda: _async(calls.count("sweep") >= 3), what="idle sweeps")
+        ex = await submit(store, "wt:echo/run.fn", "woken")
+        worker.wake()  # as a notification would (and as polling does on SQLite)
+        done = await wait_status(store, ex.id, Status.COMPLETED, timeout=8)
+    assert done.result == "woken"
+    assert calls[0] == "claim"  # the first claim did not wait for a sweep
+    # a sweep never comes before the claim of its own loop turn: each follows a claim
+    assert all(calls[i - 1] == "claim" for i, c in enumerate(calls) if c == "sweep")
+
+
+async def test_a_failing_timer_sweep_is_reported_once_and_claims_go_on(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="veracity.worker")
+
+    async def refused(*args: Any, **kwargs: Any) -> list[Execution]:
+        raise ConnectionError("sweep refused")
+
+    monkeypatch.setattr(store, "execution_wake_due", refused)
+    worker = make_worker(store)
+    async with running(worker):
+        await asyncio.sleep(4 * SETTINGS.poll_interval)  # several failed sweeps
+        ex = await submit(store, "wt:echo/run.fn", "still claimed")
+        done = await wait_status(store, ex.id, Status.COMPLETED, timeout=8)
+    assert done.result == "still claimed"
+    said = [r.getMessage() for r in caplog.records if "waking due timers" in r.getMessage()]
+    assert len(said) == 1 and "sweep refused" in said[0]
+
+
+async def _async(value: Any) -> Any:
+    return value or None

@@ -394,10 +394,6 @@ class Worker:
                 continue
             self._wake.clear()  # before the claim: a hint arriving during it is kept
             try:
-                if time.monotonic() >= self._next_timer_check:
-                    # due durable timers (sleeps, receive timeouts) become pending
-                    self._next_timer_check = time.monotonic() + self.settings.poll_interval
-                    await self.store.execution_wake_due(limit=1000)
                 batch = await self.store.execution_claim(
                     self.id, self.ffqns, limit=free, lease_ttl=self.ttl,
                     deployment_id=self.deployment_id, upgrade_ffqns=self.upgrade_ffqns,
@@ -413,12 +409,26 @@ class Worker:
                 self.telemetry.claimed(len(batch))
             for execution in batch:
                 self._start(execution, now)
-            if len(batch) == free:
+            # due durable timers (sleeps, receive timeouts) become pending, once per poll
+            # interval; after the claim, so that a woken claim never waits behind it
+            woken = await self._wake_due_timers(now)
+            if len(batch) == free or woken:
                 continue  # there may be more; claim again as soon as slots allow
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.settings.poll_interval)
             except TimeoutError:
                 pass
+
+    async def _wake_due_timers(self, now: float) -> int:
+        """Every ``poll_interval``: due timers' executions made pending (how many)."""
+        if now < self._next_timer_check:
+            return 0
+        self._next_timer_check = now + self.settings.poll_interval
+        try:
+            return len(await self.store.execution_wake_due(limit=1000))
+        except Exception as exc:
+            self._trouble.warning("db", "waking due timers failed, retrying: %s", exc)
+            return 0
 
     def _start(self, execution: Execution, claimed_at: float) -> None:
         claim = Claim(execution.id, self.id, execution.lease_epoch)
