@@ -1004,7 +1004,7 @@ async def test_a_woken_claim_never_waits_behind_the_timer_sweep(
     monkeypatch.setattr(store, "execution_wake_due", sweeping)
     worker = make_worker(store)
     async with running(worker):
-        await until(lambda: _async(calls.count("sweep") >= 3), what="idle sweeps")
+        await until(_async(lambda: calls.count("sweep") >= 3), what="idle sweeps")
         ex = await submit(store, "wt:echo/run.fn", "woken")
         worker.wake()  # as a notification would (and as polling does on SQLite)
         done = await wait_status(store, ex.id, Status.COMPLETED, timeout=8)
@@ -1031,7 +1031,3 @@ async def test_a_failing_timer_sweep_is_reported_once_and_claims_go_on(
     assert done.result == "still claimed"
     said = [r.getMessage() for r in caplog.records if "waking due timers" in r.getMessage()]
     assert len(said) == 1 and "sweep refused" in said[0]
-
-
-async def _async(value: Any) -> Any:
-    return value or None
