@@ -237,3 +237,40 @@ def test_a_stopping_server_answers_its_long_polls_at_once(live: Server) -> None:
         assert not poller.is_alive()
         # answered "pending" first; the client's next poll then found no server
         assert len(answers) == 1 and isinstance(answers[0], ServerUnreachable | WaitTimeout)
+
+
+async def test_the_async_clients_connections_carry_one_request_each_and_are_reused() -> None:
+    """AsyncClient's lanes (veracity/client.py): at most ``limit`` requests at once, one
+    per connection, connections opened only as calls need them and reused after; all
+    closed by ``aclose``."""
+    from veracity.client import _Lanes
+
+    in_flight: dict[int, int] = {}
+    peak = {"all": 0, "lane": 0}
+    made: list[httpx.AsyncClient] = []
+
+    def make() -> httpx.AsyncClient:
+        lane = len(made)
+
+        async def answer(request: httpx.Request) -> httpx.Response:
+            in_flight[lane] = in_flight.get(lane, 0) + 1
+            peak["lane"] = max(peak["lane"], in_flight[lane])
+            peak["all"] = max(peak["all"], sum(in_flight.values()))
+            await asyncio.sleep(0.01)
+            in_flight[lane] -= 1
+            return httpx.Response(200, json={"lane": lane})
+
+        client = httpx.AsyncClient(base_url="http://veracity.test",
+                                   transport=httpx.MockTransport(answer))
+        made.append(client)
+        return client
+
+    lanes = _Lanes(make, limit=4)
+    answers = await asyncio.gather(*(lanes.request("GET", "/x") for _ in range(20)))
+    assert [a.status_code for a in answers] == [200] * 20
+    assert peak == {"all": 4, "lane": 1} and len(made) == 4
+    for _ in range(5):  # one after another: one connection, no new one
+        await lanes.request("GET", "/x")
+    assert len(made) == 4
+    await lanes.aclose()
+    assert all(c.is_closed for c in made)
