@@ -41,7 +41,7 @@ from veracity.client import (
     WaitTimeout,
 )
 from veracity.config import load_settings
-from veracity.control import SubmitItem
+from veracity.control import ExecutionService, SubmitItem
 from veracity.errors import VeracityError
 from veracity.models import Execution
 from veracity.runtime import Runtime, open_runtime
@@ -124,7 +124,7 @@ class AsyncDatabaseClient:
             await runtime.close()
 
     @property
-    def _service(self) -> Any:
+    def _service(self) -> ExecutionService:
         if self._runtime is None:
             raise RuntimeError("the client is not open: use `async with "
                                "AsyncDatabaseClient(...)` or `await client.open()`")
@@ -143,7 +143,8 @@ class AsyncDatabaseClient:
             raise
 
     async def submit(self, ffqn: str, *params: Any, idempotency_key: str | None = None,
-                     scheduled_at: Any = None, paused: bool = False) -> ClientExecution:
+                     scheduled_at: datetime | None = None, paused: bool = False
+                     ) -> ClientExecution:
         """As :meth:`veracity.AsyncClient.submit`: a new execution, or the one its
         idempotency key named already."""
         execution, _ = await self._do(self._service.submit(
