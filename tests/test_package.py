@@ -89,3 +89,51 @@ def test_a_worker_starts_without_the_web_stack() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+WORKER_RUN = """
+import asyncio, sys, tempfile
+from veracity import App, Context
+from veracity._ids import new_execution_id
+from veracity.config import WorkerSettings
+from veracity.models import NewExecution
+from veracity.store import open_store
+from veracity.worker.runner import Worker
+
+app = App("t")
+
+@app.workflow("t:plain/run.fn")
+async def plain(ctx: Context, x: int) -> int:
+    return x + 1
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = await open_store(f"sqlite:///{tmp}/v.db")
+        await store.migrate()
+        new = NewExecution(ffqn="t:plain/run.fn", params=[1], deployment_id="d",
+                           id=new_execution_id())
+        ex = (await store.execution_submit(new)).execution
+        worker = Worker(store, app, settings=WorkerSettings(poll_interval=0.05),
+                        deployment_id="d")
+        task = asyncio.create_task(worker.run())
+        for _ in range(500):
+            got = await store.execution_get(ex.id)
+            if got is not None and got.status == "completed":
+                break
+            await asyncio.sleep(0.02)
+        worker.stop()
+        await task
+        await store.close()
+        print(got.status if got else None, got.result if got else None,
+              "httpx" in sys.modules)
+
+asyncio.run(main())
+"""
+
+
+def test_a_worker_whose_workflows_never_use_ctx_http_never_loads_httpx() -> None:
+    """Loading httpx (some 45 ms) was on the way to a worker's first execution's start:
+    ``ctx.http`` is made when a workflow first uses it (tests/worker/test_http.py)."""
+    out = subprocess.run([sys.executable, "-c", WORKER_RUN], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.split() == ["completed", "2", "False"], (out.stdout, out.stderr)

@@ -460,5 +460,24 @@ async def test_an_http_error_quoting_a_secret_is_raised_redacted(
 def test_a_context_without_a_client_says_so() -> None:
     ctx = Context.__new__(Context)
     ctx._http = None
+    ctx._http_source = None
     with pytest.raises(RuntimeError, match="this context has no HTTP client"):
         ctx.http  # noqa: B018
+
+
+def test_a_workers_client_is_made_when_a_workflow_first_uses_it() -> None:
+    """A worker hands each context a source for its HTTP client, asked once, at the first
+    ``ctx.http``: a run that never uses it never loads httpx (docs/http.md)."""
+    made: list[object] = []
+    client = object()
+
+    def source() -> Any:
+        made.append(client)
+        return client
+
+    ctx = Context.__new__(Context)
+    ctx._http = None
+    ctx._http_source = source
+    assert made == []
+    assert ctx.http is client and ctx.http is client
+    assert made == [client]

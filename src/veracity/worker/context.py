@@ -218,6 +218,7 @@ class Context:
         checkpoint: Callable[[Claim, str, JSON], Awaitable[TransitionResult]] | None = None,
         retry: int = 0,
         http: HttpClient | None = None,
+        http_source: Callable[[], HttpClient] | None = None,
         claimed_seq: int = 0,
         telemetry: Telemetry | None = None,
         ffqn: str = "",
@@ -232,6 +233,9 @@ class Context:
         # the history's length when this run was claimed: what this claim writes comes after
         self._claimed_seq = claimed_seq
         self._http = http
+        self._http_source = http_source
+        """Gives ``http`` when the workflow first uses it: a worker whose workflows never
+        do never loads httpx (some 45 ms, on the way to its first execution's start)."""
         # a workflow retry starts afresh: the ids of its children, schedules and join sets
         # must not be those of an earlier try's (docs/workflows.md)
         self._try = f"r{retry}:" if retry else ""
@@ -327,6 +331,8 @@ class Context:
     def http(self) -> HttpClient:
         """The worker's HTTP client, held to the ``[[http]]`` bindings: usable inside a
         step only (docs/http.md), e.g. ``await ctx.step(fetch, ctx.http, url)``."""
+        if self._http is None and self._http_source is not None:
+            self._http = self._http_source()  # the worker's, made at its first use
         if self._http is None:
             raise RuntimeError("ctx.http: this context has no HTTP client (a worker gives "
                                "one to each execution it runs)")

@@ -290,8 +290,9 @@ class Worker:
 
     @property
     def http(self) -> HttpClient:
-        """``ctx.http`` of every execution this worker runs (docs/http.md): made for the
-        first execution it runs (so that a worker claims without loading httpx first)."""
+        """``ctx.http`` of every execution this worker runs (docs/http.md): made when a
+        workflow first uses it (so that a worker whose workflows never do never loads
+        httpx)."""
         if self._http is None:
             from veracity.worker._http_client import HttpClient
 
@@ -482,7 +483,7 @@ class Worker:
                 checkpoint=self._checkpointer.checkpoint,
                 retry=run.retries,
                 claimed_seq=execution.history_seq,
-                http=self.http,
+                http_source=lambda: self.http,
                 telemetry=self.telemetry,
                 ffqn=execution.ffqn,
                 shapes=self.shapes,
