@@ -406,8 +406,11 @@ class _Lanes:
         self._slots = asyncio.Semaphore(limit)
         self._idle: list[httpx.AsyncClient] = []
         self._opened: list[httpx.AsyncClient] = []
+        self._closed = False
 
     async def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        if self._closed:  # as httpx says it of a closed client
+            raise RuntimeError("Cannot send a request, as the client has been closed.")
         async with self._slots:
             lane = self._idle.pop() if self._idle else self._open()
             try:
@@ -421,6 +424,7 @@ class _Lanes:
         return lane
 
     async def aclose(self) -> None:
+        self._closed = True
         opened, self._opened, self._idle = self._opened, [], []
         for lane in opened:
             await lane.aclose()

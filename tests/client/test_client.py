@@ -274,3 +274,6 @@ async def test_the_async_clients_connections_carry_one_request_each_and_are_reus
     assert len(made) == 4
     await lanes.aclose()
     assert all(c.is_closed for c in made)
+    with pytest.raises(RuntimeError, match="has been closed"):  # as a closed httpx client
+        await lanes.request("GET", "/x")
+    assert len(made) == 4
