@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -42,9 +43,9 @@ from veracity.client import (
 )
 from veracity.config import load_settings
 from veracity.control import ExecutionService, SubmitItem
-from veracity.errors import VeracityError
+from veracity.errors import ConfigError, VeracityError
 from veracity.models import Execution
-from veracity.runtime import Runtime, open_runtime
+from veracity.runtime import Runtime, open_runtime, redact_url
 
 __all__ = ["AsyncDatabaseClient"]
 
@@ -109,7 +110,19 @@ class AsyncDatabaseClient:
         """Connect (once; later calls do nothing). A database that does not answer is
         :class:`veracity.client.DatabaseUnavailable` (after the connection's timeout)."""
         if self._runtime is None:
-            self._runtime = await self._do(open_runtime(self.settings, app=self._app))
+            runtime = await self._do(open_runtime(self.settings, app=self._app))
+            try:  # one read: a database without Veracity's tables is said so now
+                await self._do(runtime.store.execution_get(uuid.UUID(int=0)))
+            except Exception as exc:
+                await runtime.close()
+                cause = exc.__cause__ or exc
+                if type(cause).__name__ == "UndefinedTable" or "no such table" in str(cause):
+                    raise ConfigError(
+                        f"{redact_url(self.settings.database_url)} holds no Veracity "
+                        "database: run `veracity migrate`, or start the server once (it "
+                        "migrates)") from None
+                raise
+            self._runtime = runtime
         return self
 
     async def __aenter__(self) -> AsyncDatabaseClient:

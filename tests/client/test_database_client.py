@@ -10,6 +10,7 @@ import asyncio
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -25,6 +26,7 @@ from veracity.client import (
     PayloadTooLarge,
 )
 from veracity.config import ENV_VARS
+from veracity.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -160,7 +162,7 @@ async def test_submissions_at_once_share_transactions(live: Server, database_url
 
 
 async def test_it_is_opened_before_use_and_a_database_that_does_not_answer_is_clear(
-        tmp_path: object) -> None:
+        ) -> None:
     client = AsyncDatabaseClient("sqlite:///unused.db", app=APP)
     with pytest.raises(RuntimeError, match="not open"):
         await client.submit(ECHO, 1)
@@ -173,3 +175,18 @@ async def test_it_is_opened_before_use_and_a_database_that_does_not_answer_is_cl
     assert unavailable.value.status == 503
     assert unavailable.value.code == "database_unavailable"
     assert time.monotonic() - started < 5
+
+
+async def test_a_database_without_veracitys_tables_is_said_so_at_open(
+        tmp_path: Path, pg_server_url: str) -> None:
+    from tests._pg import create_database, drop_database, with_database
+
+    name = f"veracity_empty_{uuid.uuid4().hex[:12]}"
+    create_database(pg_server_url, name)
+    try:
+        for url in (f"sqlite:///{tmp_path}/none.db", with_database(pg_server_url, name)):
+            with pytest.raises(ConfigError, match=r"holds no Veracity database: run "
+                                                  r"`veracity migrate`"):
+                await AsyncDatabaseClient(url, app=APP).open()
+    finally:
+        drop_database(pg_server_url, name)
