@@ -115,12 +115,7 @@ class System:
             os.environ["VERACITY_DEPLOYMENT_ID"] = "bench"  # the workers' (worker_argv)
             try:
                 async with AsyncDatabaseClient(url, app="bench.peers.vapp:app") as direct:
-                    async def veracity_direct(kind: str, key: str) -> None:
-                        if kind == "steps":
-                            await direct.submit("bench:peers/steps.fn", key)
-                        else:
-                            await direct.submit("bench:peers/job.fn", kind, key)
-                    yield veracity_direct
+                    yield veracity_submit(direct)
             finally:
                 del os.environ["VERACITY_DEPLOYMENT_ID"]
         elif self.kind == "veracity":
@@ -130,12 +125,7 @@ class System:
             with server(url, app="bench.peers.vapp:app",
                         extra_env={"VERACITY_DEPLOYMENT_ID": "bench"}) as base:
                 async with AsyncClient(base, timeout=60) as client:
-                    async def veracity(kind: str, key: str) -> None:
-                        if kind == "steps":
-                            await client.submit("bench:peers/steps.fn", key)
-                        else:
-                            await client.submit("bench:peers/job.fn", kind, key)
-                    yield veracity
+                    yield veracity_submit(client)
         elif self.kind == "pgqueuer":
             from pgqueuer import PsycopgDriver, Queries
 
@@ -175,6 +165,17 @@ class System:
                 yield dbos
             finally:
                 client.destroy()
+
+
+def veracity_submit(client: Any) -> Submit:
+    """A job per call through either Veracity client (``AsyncClient`` or
+    ``AsyncDatabaseClient``: the same ``submit``)."""
+    async def submit(kind: str, key: str) -> None:
+        if kind == "steps":
+            await client.submit("bench:peers/steps.fn", key)
+        else:
+            await client.submit("bench:peers/job.fn", kind, key)
+    return submit
 
 
 @asynccontextmanager
