@@ -17,7 +17,6 @@ server`` (``veracity.toml``, ``VERACITY_*``).
 
 from __future__ import annotations
 
-import sqlite3
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -44,6 +43,7 @@ from veracity.client import (
 from veracity.config import load_settings
 from veracity.control import ExecutionService, SubmitItem
 from veracity.errors import ConfigError, VeracityError
+from veracity.grouping import unavailable
 from veracity.models import Execution
 from veracity.runtime import Runtime, open_runtime, redact_url
 
@@ -69,17 +69,6 @@ def _item(submission: Submission | Mapping[str, Any]) -> SubmitItem:
                       submission.get("idempotency_key"),
                       datetime.fromisoformat(at) if isinstance(at, str) else at,
                       bool(submission.get("paused", False)))
-
-
-def _unavailable(exc: BaseException) -> bool:
-    if isinstance(exc, sqlite3.OperationalError):
-        return True
-    try:
-        import psycopg
-        import psycopg_pool
-    except ImportError:  # pragma: no cover - both are dependencies of the package
-        return False
-    return isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout)
 
 
 class AsyncDatabaseClient:
@@ -150,7 +139,7 @@ class AsyncDatabaseClient:
             kind = _BY_STATUS.get(exc.status, ApiError)
             raise kind(exc.status, exc.code, exc.message, exc.details) from None
         except Exception as exc:
-            if _unavailable(exc):
+            if unavailable(exc):  # as the API answers it: 503
                 raise DatabaseUnavailable(503, "database_unavailable",
                                           f"the database did not answer: {exc}") from exc
             raise
