@@ -7,8 +7,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, LiteralString
 
+import psycopg
 import pytest
 
 from tests.store._support import DB_ERRORS, RawSQL, assert_history_consistent, new_execution
@@ -253,3 +254,65 @@ async def test_database_rejects_duplicate_history_seq(store: Store, raw: RawSQL)
             [str(new.id), at],
         )
     assert len(await store.history_list(new.id)) == 1
+
+
+# Each rule of veracity_executions, broken alone by one UPDATE (on a pending execution, or
+# on a running one where the rule is about leases): (rule, SET clause, running?).
+RULES: list[tuple[str, LiteralString, bool]] = [
+    ("veracity_executions_status_check", "status = 'bogus'", False),
+    ("veracity_executions_paused_from_check", "status = 'paused', paused_from = 'running'", False),
+    ("veracity_executions_attempt_check", "attempt = 0", False),
+    ("veracity_executions_deployment_id_check", "deployment_id = ''", False),
+    ("veracity_executions_engine_check", "engine = ''", False),
+    ("veracity_executions_external_execution_id_check", "external_execution_id = ''", False),
+    ("veracity_executions_ffqn_check", "ffqn = ''", False),
+    ("veracity_executions_flag_kind_check", "flag_kind = 'bogus', flagged_at = now()", False),
+    ("veracity_executions_idempotency_key_check", "idempotency_key = ''", False),
+    ("veracity_executions_join_set_check", "join_set = ''", False),
+    ("veracity_executions_params_check", "params = '{}'", False),
+    ("completed_has_result", "status = 'completed', result = NULL", False),
+    ("delegated_has_no_lease", "engine = 'n8n'", True),
+    ("flag_kind_with_flag", "flag_kind = 'forced'", False),
+    ("lease_only_when_running", "status = 'pending'", True),
+    ("paused_has_origin", "status = 'paused'", False),
+]
+
+
+@pytest.mark.parametrize(("rule", "change", "running"), RULES, ids=[r[0] for r in RULES])
+async def test_postgres_refuses_each_rule_by_its_name(
+    store: Store, raw: RawSQL, rule: str, change: LiteralString, running: bool
+) -> None:
+    """On PostgreSQL the rules are one constraint calling veracity_execution_valid
+    (migration 0014, docs/states.md): each broken rule is still refused as a
+    check_violation that names it, and changes nothing."""
+    if raw.backend != "postgresql":
+        pytest.skip("the rules' names are PostgreSQL's; SQLite's own CHECKs are tested above")
+    if running:
+        execution_id = await _running_execution(store)
+    else:
+        new = new_execution(FFQN)
+        await store.execution_submit(new)
+        execution_id = new.id
+    before = await store.execution_get(execution_id)
+    with psycopg.connect(raw.url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.CheckViolation) as refused:
+            conn.execute(
+                b"UPDATE veracity_executions SET " + change.encode() + b" WHERE id = %s",
+                [execution_id],
+            )
+    assert refused.value.diag.constraint_name == rule
+    assert refused.value.diag.table_name == "veracity_executions"
+    assert f'violates check constraint "{rule}"' in str(refused.value)
+    assert await store.execution_get(execution_id) == before
+
+
+async def test_postgres_has_one_check_on_executions(raw: RawSQL) -> None:
+    """Every CHECK of veracity_executions costs its parsing on every statement that writes
+    the table: the rules live in one (migration 0014), and each is tested above."""
+    if raw.backend != "postgresql":
+        pytest.skip("SQLite prepares its CHECKs with the statement")
+    names = raw.execute(
+        "SELECT conname FROM pg_constraint "
+        "WHERE conrelid = 'veracity_executions'::regclass AND contype = 'c'"
+    )
+    assert names == [("veracity_executions_valid",)]
