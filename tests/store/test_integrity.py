@@ -12,6 +12,7 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 
+from tests._helpers import pg_store_fixture
 from tests.store._support import DB_ERRORS, RawSQL, assert_history_consistent, new_execution
 from veracity.clock import ManualClock
 from veracity.core.states import Status
@@ -20,6 +21,8 @@ from veracity.store import Store
 
 TTL = timedelta(seconds=30)
 FFQN = "app.orders.create"
+
+pg_store = pg_store_fixture()
 
 
 async def claim_one(store: Store, owner: str = "worker-a") -> Claim:
@@ -280,13 +283,12 @@ RULES: list[tuple[str, LiteralString, bool]] = [
 
 @pytest.mark.parametrize(("rule", "change", "running"), RULES, ids=[r[0] for r in RULES])
 async def test_postgres_refuses_each_rule_by_its_name(
-    store: Store, raw: RawSQL, rule: str, change: LiteralString, running: bool
+    pg_store: Store, pg_url: str, rule: str, change: LiteralString, running: bool
 ) -> None:
     """On PostgreSQL the rules are one constraint calling veracity_execution_valid
     (migration 0014, docs/states.md): each broken rule is still refused as a
-    check_violation that names it, and changes nothing."""
-    if raw.backend != "postgresql":
-        pytest.skip("the rules' names are PostgreSQL's; SQLite's own CHECKs are tested above")
+    check_violation that names it, and changes nothing. (SQLite's own CHECKs: above.)"""
+    store = pg_store
     if running:
         execution_id = await _running_execution(store)
     else:
@@ -294,7 +296,7 @@ async def test_postgres_refuses_each_rule_by_its_name(
         await store.execution_submit(new)
         execution_id = new.id
     before = await store.execution_get(execution_id)
-    with psycopg.connect(raw.url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.CheckViolation) as refused:
             conn.execute(
                 b"UPDATE veracity_executions SET " + change.encode() + b" WHERE id = %s",
@@ -306,12 +308,10 @@ async def test_postgres_refuses_each_rule_by_its_name(
     assert await store.execution_get(execution_id) == before
 
 
-async def test_postgres_has_one_check_on_executions(raw: RawSQL) -> None:
+def test_postgres_has_one_check_on_executions(pg_url: str) -> None:
     """Every CHECK of veracity_executions costs its parsing on every statement that writes
     the table: the rules live in one (migration 0014), and each is tested above."""
-    if raw.backend != "postgresql":
-        pytest.skip("SQLite prepares its CHECKs with the statement")
-    names = raw.execute(
+    names = RawSQL(pg_url).execute(
         "SELECT conname FROM pg_constraint "
         "WHERE conrelid = 'veracity_executions'::regclass AND contype = 'c'"
     )
