@@ -260,6 +260,63 @@ async def test_database_rejects_duplicate_history_seq(store: Store, raw: RawSQL)
     assert len(await store.history_list(new.id)) == 1
 
 
+# The rules about states that SQLite enforces by triggers (its migration 0014) and
+# PostgreSQL by its constraint: (rule, SET clause, running?).
+STATE_RULES: list[tuple[str, LiteralString, bool]] = [
+    ("paused_has_origin", "status = 'paused'", False),
+    ("flag_kind_with_flag", "flag_kind = 'forced'", False),
+    ("delegated_has_no_lease", "engine = 'n8n'", True),
+]
+
+
+@pytest.mark.parametrize(("rule", "change", "running"), STATE_RULES,
+                         ids=[r[0] for r in STATE_RULES])
+async def test_database_refuses_each_state_rule_by_its_name(
+    store: Store, raw: RawSQL, rule: str, change: LiteralString, running: bool
+) -> None:
+    if running:
+        execution_id = await _running_execution(store)
+    else:
+        new = new_execution(FFQN)
+        await store.execution_submit(new)
+        execution_id = new.id
+    before = await store.execution_get(execution_id)
+    with pytest.raises(DB_ERRORS, match=rule):
+        raw.execute(
+            "UPDATE veracity_executions SET " + change + " WHERE id = ?",
+            [str(execution_id)],
+        )
+    assert await store.execution_get(execution_id) == before
+
+
+# The same rules broken by an INSERT: a copy of a pending row with these columns changed.
+STATE_RULE_ROWS: list[tuple[str, LiteralString]] = [
+    ("paused_has_origin", "'paused', NULL, NULL, NULL, NULL"),
+    ("flag_kind_with_flag", "'pending', NULL, 'forced', NULL, NULL"),
+    ("delegated_has_no_lease", "'running', NULL, NULL, 'n8n', 'worker-a'"),
+]
+
+
+@pytest.mark.parametrize(("rule", "values"), STATE_RULE_ROWS,
+                         ids=[r[0] for r in STATE_RULE_ROWS])
+async def test_database_refuses_a_new_row_breaking_a_state_rule(
+    store: Store, raw: RawSQL, rule: str, values: LiteralString
+) -> None:
+    new = new_execution(FFQN)
+    await store.execution_submit(new)
+    copy = uuid.uuid4()
+    with pytest.raises(DB_ERRORS, match=rule):
+        raw.execute(
+            "INSERT INTO veracity_executions (id, ffqn, params, attempt, deployment_id, "
+            "scheduled_at, created_at, updated_at, history_seq, status, paused_from, "
+            "flag_kind, engine, lease_owner) "
+            "SELECT ?, ffqn, params, attempt, deployment_id, scheduled_at, created_at, "
+            "updated_at, history_seq, " + values + " FROM veracity_executions WHERE id = ?",
+            [str(copy), str(new.id)],
+        )
+    assert await store.execution_get(copy) is None
+
+
 # Each rule of veracity_executions, broken alone by one UPDATE (on a pending execution, or
 # on a running one where the rule is about leases): (rule, SET clause, running?).
 RULES: list[tuple[str, LiteralString, bool]] = [

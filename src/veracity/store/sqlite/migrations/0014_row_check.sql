@@ -1,5 +1,49 @@
--- 0014: on PostgreSQL, veracity_executions' CHECK constraints became one function, because
--- PostgreSQL parses every CHECK's stored text again for each statement. SQLite compiles a
--- table's CHECKs with the statement it prepares and keeps them: nothing to change here. The
--- number is kept so that both backends' migrations stay in step (tests/test_migrate.py).
-SELECT 1;
+-- 0014: three rules of veracity_executions that PostgreSQL has enforced since its CHECKs
+-- (and, from 0014 on, its one constraint; docs/states.md, "Where the rules live") and that
+-- SQLite's table did not: a paused execution says where it returns to, a flag has its kind
+-- and a kind its flag, and a run delegated to an engine holds no lease. SQLite cannot add a
+-- CHECK to an existing table without rebuilding it, so these are triggers, refusing the
+-- write with the message SQLite gives a named CHECK (an IntegrityError). They apply to
+-- every write from now on; the code never wrote such a row (PostgreSQL, on which the same
+-- code runs, refuses them).
+CREATE TRIGGER veracity_executions_paused_has_origin_insert
+BEFORE INSERT ON veracity_executions
+WHEN NEW.status = 'paused' AND NEW.paused_from IS NULL
+BEGIN
+    SELECT RAISE(ABORT, 'CHECK constraint failed: paused_has_origin');
+END;
+
+CREATE TRIGGER veracity_executions_paused_has_origin_update
+BEFORE UPDATE ON veracity_executions
+WHEN NEW.status = 'paused' AND NEW.paused_from IS NULL
+BEGIN
+    SELECT RAISE(ABORT, 'CHECK constraint failed: paused_has_origin');
+END;
+
+CREATE TRIGGER veracity_executions_flag_kind_with_flag_insert
+BEFORE INSERT ON veracity_executions
+WHEN (NEW.flag_kind IS NULL) <> (NEW.flagged_at IS NULL)
+BEGIN
+    SELECT RAISE(ABORT, 'CHECK constraint failed: flag_kind_with_flag');
+END;
+
+CREATE TRIGGER veracity_executions_flag_kind_with_flag_update
+BEFORE UPDATE ON veracity_executions
+WHEN (NEW.flag_kind IS NULL) <> (NEW.flagged_at IS NULL)
+BEGIN
+    SELECT RAISE(ABORT, 'CHECK constraint failed: flag_kind_with_flag');
+END;
+
+CREATE TRIGGER veracity_executions_delegated_has_no_lease_insert
+BEFORE INSERT ON veracity_executions
+WHEN NEW.engine IS NOT NULL AND NEW.lease_owner IS NOT NULL
+BEGIN
+    SELECT RAISE(ABORT, 'CHECK constraint failed: delegated_has_no_lease');
+END;
+
+CREATE TRIGGER veracity_executions_delegated_has_no_lease_update
+BEFORE UPDATE ON veracity_executions
+WHEN NEW.engine IS NOT NULL AND NEW.lease_owner IS NOT NULL
+BEGIN
+    SELECT RAISE(ABORT, 'CHECK constraint failed: delegated_has_no_lease');
+END;
