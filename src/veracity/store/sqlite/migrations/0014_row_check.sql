@@ -5,45 +5,33 @@
 -- CHECK to an existing table without rebuilding it, so these are triggers, refusing the
 -- write with the message SQLite gives a named CHECK (an IntegrityError). They apply to
 -- every write from now on; the code never wrote such a row (PostgreSQL, on which the same
--- code runs, refuses them).
-CREATE TRIGGER veracity_executions_paused_has_origin_insert
+-- code runs, refuses them). One trigger per kind of write, whose WHEN is false for a valid
+-- row: each trigger costs every row it fires for. Measured on 2026-12-06 (20,000 rows in one
+-- transaction, in process, five runs): about 8 µs more per inserted row (29 to 36 µs
+-- against 21 to 31 µs) and 1 µs more per updated row; three triggers a kind cost about
+-- twice that.
+CREATE TRIGGER veracity_executions_rules_insert
 BEFORE INSERT ON veracity_executions
-WHEN NEW.status = 'paused' AND NEW.paused_from IS NULL
+WHEN (NEW.status = 'paused' AND NEW.paused_from IS NULL)
+  OR ((NEW.flag_kind IS NULL) <> (NEW.flagged_at IS NULL))
+  OR (NEW.engine IS NOT NULL AND NEW.lease_owner IS NOT NULL)
 BEGIN
-    SELECT RAISE(ABORT, 'CHECK constraint failed: paused_has_origin');
-END;
-
-CREATE TRIGGER veracity_executions_paused_has_origin_update
-BEFORE UPDATE ON veracity_executions
-WHEN NEW.status = 'paused' AND NEW.paused_from IS NULL
-BEGIN
-    SELECT RAISE(ABORT, 'CHECK constraint failed: paused_has_origin');
-END;
-
-CREATE TRIGGER veracity_executions_flag_kind_with_flag_insert
-BEFORE INSERT ON veracity_executions
-WHEN (NEW.flag_kind IS NULL) <> (NEW.flagged_at IS NULL)
-BEGIN
-    SELECT RAISE(ABORT, 'CHECK constraint failed: flag_kind_with_flag');
-END;
-
-CREATE TRIGGER veracity_executions_flag_kind_with_flag_update
-BEFORE UPDATE ON veracity_executions
-WHEN (NEW.flag_kind IS NULL) <> (NEW.flagged_at IS NULL)
-BEGIN
-    SELECT RAISE(ABORT, 'CHECK constraint failed: flag_kind_with_flag');
-END;
-
-CREATE TRIGGER veracity_executions_delegated_has_no_lease_insert
-BEFORE INSERT ON veracity_executions
-WHEN NEW.engine IS NOT NULL AND NEW.lease_owner IS NOT NULL
-BEGIN
+    SELECT RAISE(ABORT, 'CHECK constraint failed: paused_has_origin')
+    WHERE NEW.status = 'paused' AND NEW.paused_from IS NULL;
+    SELECT RAISE(ABORT, 'CHECK constraint failed: flag_kind_with_flag')
+    WHERE (NEW.flag_kind IS NULL) <> (NEW.flagged_at IS NULL);
     SELECT RAISE(ABORT, 'CHECK constraint failed: delegated_has_no_lease');
 END;
 
-CREATE TRIGGER veracity_executions_delegated_has_no_lease_update
+CREATE TRIGGER veracity_executions_rules_update
 BEFORE UPDATE ON veracity_executions
-WHEN NEW.engine IS NOT NULL AND NEW.lease_owner IS NOT NULL
+WHEN (NEW.status = 'paused' AND NEW.paused_from IS NULL)
+  OR ((NEW.flag_kind IS NULL) <> (NEW.flagged_at IS NULL))
+  OR (NEW.engine IS NOT NULL AND NEW.lease_owner IS NOT NULL)
 BEGIN
+    SELECT RAISE(ABORT, 'CHECK constraint failed: paused_has_origin')
+    WHERE NEW.status = 'paused' AND NEW.paused_from IS NULL;
+    SELECT RAISE(ABORT, 'CHECK constraint failed: flag_kind_with_flag')
+    WHERE (NEW.flag_kind IS NULL) <> (NEW.flagged_at IS NULL);
     SELECT RAISE(ABORT, 'CHECK constraint failed: delegated_has_no_lease');
 END;
