@@ -260,6 +260,15 @@ async def test_database_rejects_duplicate_history_seq(store: Store, raw: RawSQL)
     assert len(await store.history_list(new.id)) == 1
 
 
+async def _execution(store: Store, running: bool) -> uuid.UUID:
+    """A running execution, or a pending one."""
+    if running:
+        return await _running_execution(store)
+    new = new_execution(FFQN)
+    await store.execution_submit(new)
+    return new.id
+
+
 # The rules about states that SQLite enforces by triggers (its migration 0014) and
 # PostgreSQL by its constraint: (rule, SET clause, running?).
 STATE_RULES: list[tuple[str, LiteralString, bool]] = [
@@ -274,12 +283,7 @@ STATE_RULES: list[tuple[str, LiteralString, bool]] = [
 async def test_database_refuses_each_state_rule_by_its_name(
     store: Store, raw: RawSQL, rule: str, change: LiteralString, running: bool
 ) -> None:
-    if running:
-        execution_id = await _running_execution(store)
-    else:
-        new = new_execution(FFQN)
-        await store.execution_submit(new)
-        execution_id = new.id
+    execution_id = await _execution(store, running)
     before = await store.execution_get(execution_id)
     with pytest.raises(DB_ERRORS, match=rule):
         raw.execute(
@@ -346,14 +350,8 @@ async def test_postgres_refuses_each_rule_by_its_name(
     """On PostgreSQL the rules are one constraint calling veracity_execution_valid
     (migration 0014, docs/states.md): each broken rule is still refused as a
     check_violation that names it, and changes nothing. (SQLite's own CHECKs: above.)"""
-    store = pg_store
-    if running:
-        execution_id = await _running_execution(store)
-    else:
-        new = new_execution(FFQN)
-        await store.execution_submit(new)
-        execution_id = new.id
-    before = await store.execution_get(execution_id)
+    execution_id = await _execution(pg_store, running)
+    before = await pg_store.execution_get(execution_id)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.CheckViolation) as refused:
             conn.execute(
@@ -363,7 +361,7 @@ async def test_postgres_refuses_each_rule_by_its_name(
     assert refused.value.diag.constraint_name == rule
     assert refused.value.diag.table_name == "veracity_executions"
     assert f'violates check constraint "{rule}"' in str(refused.value)
-    assert await store.execution_get(execution_id) == before
+    assert await pg_store.execution_get(execution_id) == before
 
 
 def test_postgres_has_one_check_on_executions(pg_url: str) -> None:
