@@ -37,7 +37,8 @@ lint: $(STAMP) ## ruff and mypy --strict
 # "not set" to Python). Two pytest processes per core: most of a test's time is spent
 # waiting (on PostgreSQL, on the processes it started, on a lease to expire), so the cores
 # stay busy; more would starve the worker processes the tests start, whose leases last 1.5 s
-# (README: Tests).
+# (README: Tests). The benchmarks clear it too: they time processes as an installed system
+# runs them, with bytecode cached (bench/README.md).
 TEST_PROCESSES ?= $(shell $(PYTHON) -c 'import os; print(max(2, 2 * len(os.sched_getaffinity(0))))')
 # mypy (about 25 s of one core from a fresh clone) runs beside the tests, at a lower priority
 # than theirs, its output shown after theirs; the target fails if either fails.
@@ -49,7 +50,7 @@ test: $(STAMP) ## Lint, and the whole test suite on 2 processes per core (needs 
 	test $$tests -eq 0 && test $$mypy_status -eq 0
 
 bench: $(STAMP) ## Benchmarks (not part of the tests); see bench/README.md
-	$(BIN)/python -m bench
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m bench
 
 PEERS := .venv-peers
 $(PEERS)/.installed: pyproject.toml
@@ -59,7 +60,7 @@ $(PEERS)/.installed: pyproject.toml
 	touch $(PEERS)/.installed
 
 bench-peers: $(PEERS)/.installed ## Veracity beside PGQueuer, Procrastinate, DBOS and a plain queue (own venv; bench/README.md)
-	nice $(PEERS)/bin/python -m bench.peers $(ARGS)
+	PYTHONDONTWRITEBYTECODE= nice $(PEERS)/bin/python -m bench.peers $(ARGS)
 
 mutation: $(STAMP) ## Mutation testing of the core, recovery, locks, fenced writes, heartbeat (not part of the tests; ~1.5 h; see docs/testing.md)
 	nice -n 10 $(BIN)/python tools/mutation.py $(MODULES)

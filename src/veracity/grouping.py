@@ -8,9 +8,12 @@ submissions that arrived while an earlier write was under way together, in one
 transaction (the store's ``execution_submit_many`` with ``all_or_nothing=False``), and
 answers each caller once that transaction has committed:
 
-- a submission that finds nothing being written is written at once, alone (by
-  ``execution_submit``): one caller at a time waits for nothing it would not wait for
-  anyway;
+- a submission that finds nothing being written and nothing waiting is written at once,
+  alone (by ``execution_submit``), by its caller itself: one caller at a time waits for
+  nothing it would not wait for anyway, and pays no hand-off to a task (measured: some
+  50 µs of the caller's CPU per submission, docs/scaling.md). Cancelling that caller
+  cancels its write, as for any other statement; a caller that gives up while its
+  submission waits for, or is carried by, a group's write does not stop that write;
 - submissions stay independent: each is answered exactly as ``execution_submit`` answers
   it (an idempotency key reused with a different request is that caller's conflict, not
   the group's). A group the database refused (nothing of it was written) is written
@@ -80,11 +83,26 @@ class SubmitGroups:
         ``execution_submit`` does, once it is committed."""
         if new.parent_id is not None or new.join_set is not None or new.retry_of is not None:
             return await self._store.execution_submit(new)  # only top-level ones group
+        if self._writing < self._writers and not self._waiting:
+            return await self._write_alone(new)
         answer: asyncio.Future[Submitted] = asyncio.get_running_loop().create_future()
         self._waiting.append((new, answer))
         if self._writing < self._writers:
             self._start()
         return await answer
+
+    async def _write_alone(self, new: NewExecution) -> Submitted:
+        """Write ``new`` in the caller's own task: those arriving meanwhile wait, and are
+        written together once it is done."""
+        self._writing += 1
+        if self._written is not None:
+            self._written(1)
+        try:
+            return await self._store.execution_submit(new)
+        finally:
+            self._writing -= 1
+            if self._waiting and self._writing < self._writers:
+                self._start()
 
     def _start(self) -> None:
         taken = self._waiting[:self._limit]

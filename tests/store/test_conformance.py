@@ -10,6 +10,7 @@ in ``test_coordination.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -19,10 +20,11 @@ import pytest
 from tests.store._support import (
     DB_ERRORS,
     RawSQL,
+    StoreFactory,
     assert_history_consistent,
     new_execution,
 )
-from veracity.clock import ManualClock
+from veracity.clock import DatabaseClock, ManualClock
 from veracity.core.states import Status
 from veracity.models import Claim, Execution, ExecutionFilter, ListCursor
 from veracity.store import Store, open_store
@@ -109,6 +111,31 @@ async def test_submit_records_a_pending_execution(store: Store, clock: ManualClo
     assert ex.lease_epoch == 0
     # what submit returned is what is stored
     assert await store.execution_get(new.id) == ex
+
+
+@pytest.mark.parametrize("kind", ["plain", "paused", "scheduled", "keyed", "child"])
+@pytest.mark.parametrize("time_from", ["clock", "database"])
+async def test_what_submit_answers_is_the_stored_row(
+    store: Store, open_extra_store: StoreFactory, kind: str, time_from: str
+) -> None:
+    """The answer is built from what was sent and the times the database chose, not read
+    back whole (the store's ``submitted_execution``): for every kind of submission, with
+    the store's clock and with the database's, it must equal the stored row."""
+    target = store if time_from == "clock" else await open_extra_store(clock_=DatabaseClock())
+    parent = (await target.execution_submit(new_execution("app.parent"))).execution
+    later = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    new = {
+        "plain": new_execution(params=NESTED_PARAMS),
+        "paused": dataclasses.replace(new_execution(), paused=True),
+        "scheduled": new_execution(scheduled_at=later),
+        "keyed": new_execution(idempotency_key="key-7", request_digest="digest-7"),
+        "child": dataclasses.replace(new_execution("app.child", [1]), parent_id=parent.id,
+                                     join_set="js-1"),
+    }[kind]
+    submitted = await target.execution_submit(new)
+    assert submitted.created
+    assert submitted.execution == await target.execution_get(new.id)
+    assert submitted.execution.status == (Status.PAUSED if kind == "paused" else Status.PENDING)
 
 
 async def test_submit_params_round_trip_nested_json_and_unicode(store: Store) -> None:

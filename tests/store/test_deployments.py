@@ -197,6 +197,21 @@ async def test_claim_of_only_auto_workflows(store: Store) -> None:
     assert (await get(store, p.id)).status == Status.PENDING
 
 
+@pytest.mark.parametrize("name", ['a"b', "c\\d", "x,{y}", "NULL", " s p ", "ü"])
+async def test_claim_finds_workflows_by_their_exact_names(store: Store, name: str) -> None:
+    """The claim passes the workflows' names to the database as text arrays (PostgreSQL: a
+    literal it builds once per set of names): every name must arrive as itself, in the
+    pinned and in the auto scan, and no look-alike may match."""
+    pinned = await submit(store, name, "d1")
+    auto = await submit(store, name + "-auto", "d0")
+    decoy = await submit(store, name.strip() + "x", "d1")
+    claimed = await store.execution_claim("w", [name, name + "-auto"], limit=10,
+                                          lease_ttl=TTL, deployment_id="d1",
+                                          upgrade_ffqns=[name + "-auto"])
+    assert {e.id for e in claimed} == {pinned.id, auto.id}
+    assert (await get(store, decoy.id)).status == Status.PENDING
+
+
 # -- the listing ---------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import sqlite3
 import uuid
+from collections.abc import Sequence
 
 import psycopg
 import pytest
@@ -42,6 +43,49 @@ async def test_a_lone_submission_is_written_alone(store: Store) -> None:
     assert groups.groups == 0
     again = await groups.submit(dataclasses.replace(new, id=uuid.uuid4()))
     assert (again.created, again.execution.id) == (False, new.id)
+
+
+class _Watched:
+    """The store, noting which task runs each single write."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.writers: list[asyncio.Task[object] | None] = []
+
+    async def execution_submit(self, new: NewExecution) -> Submitted:
+        self.writers.append(asyncio.current_task())
+        return await self.store.execution_submit(new)
+
+    async def execution_submit_many(self, items: Sequence[NewExecution], *,
+                                    all_or_nothing: bool = True) -> list[Submitted]:
+        return await self.store.execution_submit_many(items, all_or_nothing=all_or_nothing)
+
+
+async def test_a_lone_submission_is_written_by_its_caller(store: Store) -> None:
+    watched = _Watched(store)
+    groups = SubmitGroups(watched)
+    caller = asyncio.create_task(groups.submit(new_execution("app.own", [1])))
+    assert (await caller).created
+    # no hand-off to a task of the groups' own: the caller's task ran the statement
+    assert watched.writers == [caller]
+
+
+async def test_a_lone_caller_that_gives_up_leaves_the_others_written(store: Store) -> None:
+    groups = SubmitGroups(store)
+    lone, *later = [new_execution("app.g", [i]) for i in range(4)]
+    first = asyncio.create_task(groups.submit(lone))
+    await asyncio.sleep(0)  # its write is under way, in its own task
+    others = [asyncio.create_task(groups.submit(n)) for n in later]
+    await asyncio.sleep(0)  # they wait for it
+    first.cancel()
+    answers = await asyncio.gather(*others)
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    # its own write went with it or not (cut off as any statement); the ones that waited
+    # for it were written, together, once it was gone
+    assert all(a.created for a in answers)
+    assert {n.id for n in later} <= await _all_ids(store)
+    assert groups.groups == 1
 
 
 async def test_submissions_that_arrive_during_a_write_share_one_transaction(

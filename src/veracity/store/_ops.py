@@ -1209,18 +1209,19 @@ def waits_from(ids: Sequence[uuid.UUID], events: Sequence[Row], children: Sequen
 
 
 def submitted_execution(new: NewExecution, row: Row) -> Execution:
-    """The execution a batch inserted, as :func:`execution_from` would read its row: what
-    was sent, with the times the database chose (``row``: id, scheduled_at, created_at,
-    updated_at) and the columns' values of a new top-level row. Reading the whole rows
-    back cost more than the rest of the insert (tests/store/test_submit_many.py compares
+    """The execution a submission (alone or in a batch) inserted, as
+    :func:`execution_from` would read its row: what was sent, with the times the database
+    chose (``row``: id, scheduled_at, created_at, updated_at) and the columns' values of a
+    new row. Reading the whole rows back cost more than the rest of the insert
+    (tests/store/test_submit_many.py and the conformance suite's submission tests compare
     the answers with the stored rows)."""
     return Execution(
         id=new.id, ffqn=new.ffqn, params=new.params,
         status=Status.PAUSED if new.paused else Status.PENDING, result=None, error=None,
-        attempt=1, deployment_id=new.deployment_id, parent_id=None,
+        attempt=1, deployment_id=new.deployment_id, parent_id=new.parent_id,
         idempotency_key=new.idempotency_key, scheduled_at=row["scheduled_at"],
         created_at=row["created_at"], updated_at=row["updated_at"], lease_owner=None,
-        lease_epoch=0, lease_expires_at=None, history_seq=1,
+        lease_epoch=0, lease_expires_at=None, history_seq=1, join_set=new.join_set,
         paused_from=str(Status.PENDING) if new.paused else None)
 
 
