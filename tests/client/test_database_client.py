@@ -7,6 +7,7 @@ end and waits that time out; and a database that does not answer."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from datetime import UTC, datetime
@@ -75,6 +76,12 @@ async def test_what_it_submits_runs_and_reads_as_through_the_api(
                                     paused=True)
         assert later.status == "paused"
         assert later.scheduled_at == datetime(2099, 1, 1, tzinfo=UTC)
+        # what submit answers is what the API reads back, field for field and in its JSON
+        # (but the waiting reason, which only a read gives)
+        read = await api.get(later.id)
+        assert read.waiting_reason and later.waiting_reason is None
+        assert dataclasses.replace(later, waiting_reason=read.waiting_reason) == read
+        assert later.raw == {**read.raw, "waiting_reason": None}
         assert (await api.unpause(later.id)).status == "pending"
 
 
