@@ -10,6 +10,7 @@ from bench import (
     batch,
     cron,
     dashboard,
+    direct,
     engine,
     generations,
     growth,
@@ -27,6 +28,7 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {platform.platform()}")
     submit.main([])
+    direct.main([])
     batch.main([])
     startup.main([])
     workers.main([])
