@@ -11,9 +11,10 @@ answers each caller once that transaction has committed:
 - a submission that finds nothing being written and nothing waiting is written at once,
   alone (by ``execution_submit``), by its caller itself: one caller at a time waits for
   nothing it would not wait for anyway, and pays no hand-off to a task (measured: some
-  50 µs of the caller's CPU per submission, docs/scaling.md). Cancelling that caller
-  cancels its write, as for any other statement; a caller that gives up while its
-  submission waits for, or is carried by, a group's write does not stop that write;
+  50 µs of the caller's CPU per submission; bench/README.md, "Single submissions and
+  start-up"). Cancelling that caller cancels its write, as for any other statement; a
+  caller that gives up while its submission waits for, or is carried by, a group's write
+  does not stop that write;
 - submissions stay independent: each is answered exactly as ``execution_submit`` answers
   it (an idempotency key reused with a different request is that caller's conflict, not
   the group's). A group the database refused (nothing of it was written) is written
