@@ -303,6 +303,17 @@ def main(argv: list[str] | None = None) -> None:
               f"{fmt(res.get('enqueue', []))} | {fmt(res.get('enqueue_many', []))} | "
               f"{latency_text} | {steps_text} | "
               f"{recovery_text[0]} | {recovery_text[1]} |")
+    print()
+    print("Each round's figures (the table gives their medians; enqueue: two a round, before "
+          "the one- and the two-worker drains):")
+    for system in systems:
+        res = results[system.name]
+        parts = [f"{what} " + ", ".join("failed" if v is None else f"{v:,.{digits}f}"
+                                         for v in res[what])
+                 for what, digits in (("noop1", 0), ("noop2", 0), ("enqueue", 0),
+                                      ("enqueue_many", 0), ("p50", 2), ("p99", 2),
+                                      ("steps", 0), ("recovery", 1)) if res.get(what)]
+        print(f"- {system.name}: {'; '.join(parts)}")
 
 if __name__ == "__main__":
     main()
