@@ -7,15 +7,19 @@ Workloads (one fresh database each):
 - enqueue: ``--jobs`` jobs submitted one call at a time by one client; jobs/s.
 - enqueue, ``--callers`` at once: ``--jobs`` jobs, each caller (a task of one process)
   submitting its share one call at a time; jobs/s.
-- no-op 1 / 2 workers: those jobs, then 1 (or 2) worker processes started; jobs/s is
-  the jobs finished between the first poll that saw one finished and the poll that saw
-  none left, over that time (polled every 10 ms by the harness, ``DRAIN_POLL``; 50 ms
-  before 2026-12-06, whose last poll came up to 50 ms after the last job: 15 % of a
-  Veracity drain of 2,000 jobs at two workers, under 4 % of PGQueuer's).
+- no-op 1 / 2 workers: those jobs, then 1 (or 2) worker processes started; the harness
+  counts the jobs left every 10 ms (``DRAIN_POLL``). The table's jobs/s is the steady
+  rate: the jobs finished between the first count at or under 90 % of them left and the
+  first at or under 10 %, over that time. The whole drain's rate (from the first count
+  that saw one finished to the one that saw none left), which the table gave until
+  2026-12-06, is listed under it with each round's figures: it counts each system's
+  ramp-up, which a drain of 2,000 jobs made most of PGQueuer's (its whole-drain rate
+  rose from 1,255/s at 2,000 jobs to 2,123/s at 5,000 and 2,343/s at 10,000; two workers
+  1,392, 2,629 and 3,864/s).
 - submit-to-start: one idle worker, ``--samples`` jobs one at a time 20 ms apart; the job's
   start mark (``time.time()`` in the worker) minus the submitter's time before the call.
-- 3-step workflows: ``--steps-jobs`` workflows of three checkpointed steps, one worker; n/a
-  for systems without steps.
+- 3-step workflows: ``--steps-jobs`` workflows of three checkpointed steps, one worker;
+  the steady rate, as above; n/a for systems without steps.
 - kill -9: 16 jobs of 2 s on one worker (lease / heartbeat / stalled threshold 5 s), the
   worker killed with SIGKILL once all have started, a replacement started at once; the
   time from the kill to none left; duplicates (a job finished twice) and losses (never
@@ -81,21 +85,35 @@ round trip included) at 2,000 rows, so the polls cost the database a few percent
 core, as much for every system."""
 
 
-def drain(system: System, url: str, n: int, timeout: float = 120) -> float | None:
-    """Jobs/s while draining ``n`` jobs (see the module's doc); None if not all finished."""
+def drain(system: System, url: str, n: int, timeout: float = 120
+          ) -> tuple[float | None, float | None]:
+    """(whole, steady) jobs/s while draining ``n`` jobs (see the module's doc); None if not
+    all finished. Whole: from the first poll that saw one finished to the poll that saw
+    none left. Steady: from the first poll that saw at most 90 % left to the first that
+    saw at most 10 % left, the jobs finished between them over that time."""
+    samples: list[tuple[float, int]] = []
     with psycopg.connect(url, autocommit=True) as conn:
         deadline = time.monotonic() + timeout
-        first: tuple[float, int] | None = None
         while time.monotonic() < deadline:
             left = remaining(conn, system)
-            now = time.monotonic()
-            if first is None and left < n:
-                first = (now, left)
+            samples.append((time.monotonic(), left))
             if left == 0:
-                assert first is not None
-                return (first[1]) / (now - first[0]) if now > first[0] else None
+                return rates(samples, n)
             time.sleep(DRAIN_POLL)
-    return None
+    return None, None
+
+
+def rates(samples: list[tuple[float, int]], n: int) -> tuple[float | None, float | None]:
+    """(whole, steady) jobs/s from a drain's polls ``(time, jobs left)`` (see :func:`drain`)."""
+    def first(at_most: float) -> tuple[float, int] | None:
+        return next(((t, left) for t, left in samples if left <= at_most), None)
+
+    def rate(a: tuple[float, int] | None, b: tuple[float, int] | None) -> float | None:
+        if a is None or b is None or b[0] <= a[0]:
+            return None
+        return (a[1] - b[1]) / (b[0] - a[0])
+
+    return rate(first(n - 1), first(0)), rate(first(0.9 * n), first(0.1 * n))
 
 
 async def submit_all(system: System, url: str, items: list[tuple[str, str]],
@@ -125,8 +143,9 @@ def fresh(system: System) -> Iterator[str]:
         yield url
 
 
-def throughput(system: System, n: int, procs: int, job: str = "noop") -> tuple[float, float | None]:
-    """(enqueue jobs/s, drain jobs/s)."""
+def throughput(system: System, n: int, procs: int, job: str = "noop"
+               ) -> tuple[float, tuple[float | None, float | None]]:
+    """(enqueue jobs/s, (whole, steady) drain jobs/s)."""
     for url in fresh(system):
         rate, _ = asyncio.run(submit_all(system, url, [(job, f"k{i}") for i in range(n)]))
         # the warm-up job counts too
@@ -218,6 +237,13 @@ def fmt(values: list[float | None], unit: str = "") -> str:
     return text
 
 
+def pair(res: dict[str, list[float | None]], what: str) -> str:
+    """A drain's cell: the steady rate's median, then the whole drain's."""
+    if not res.get(what):
+        return "-"
+    return f"{fmt(res[what])} / {fmt(res[what + '_whole'])}"
+
+
 def total(values: list[float | None]) -> float:
     return float(sum(v for v in values if v is not None))
 
@@ -258,12 +284,14 @@ def main(argv: list[str] | None = None) -> None:
         for system in systems:
             started = time.monotonic()
             if "throughput" in chosen:
-                enq, rate1 = throughput(system, args.jobs, 1)
+                enq, (whole1, rate1) = throughput(system, args.jobs, 1)
                 add(system, "enqueue", enq)
                 add(system, "noop1", rate1)
-                enq, rate2 = throughput(system, args.jobs, 2)
+                add(system, "noop1_whole", whole1)
+                enq, (whole2, rate2) = throughput(system, args.jobs, 2)
                 add(system, "enqueue", enq)
                 add(system, "noop2", rate2)
+                add(system, "noop2_whole", whole2)
                 add(system, "enqueue_many", enqueue_at_once(system, args.jobs, args.callers))
             if "latency" in chosen:
                 p50, p99, missed = latency(system, args.samples)
@@ -271,8 +299,9 @@ def main(argv: list[str] | None = None) -> None:
                 add(system, "p99", p99)
                 add(system, "missed", float(missed))
             if system.has_steps and "steps" in chosen:
-                _, steps = throughput(system, args.steps_jobs, 1, job="steps")
+                _, (steps_whole, steps) = throughput(system, args.steps_jobs, 1, job="steps")
                 add(system, "steps", steps)
+                add(system, "steps_whole", steps_whole)
             if "recovery" in chosen:
                 took, dups, lost = recovery(system)
                 add(system, "recovery", took)
@@ -280,9 +309,10 @@ def main(argv: list[str] | None = None) -> None:
                 add(system, "lost", float(lost))
             print(f"# round {r + 1} {system.name}: {time.monotonic() - started:.0f} s, "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
-    print("| system | no-op jobs/s, 1 worker | 2 workers | enqueue jobs/s (one call each) "
+    print("| system | no-op jobs/s, 1 worker (steady / whole drain) | 2 workers (same) "
+          "| enqueue jobs/s (one call each) "
           f"| same, {args.callers} callers at once | submit-to-start p50 / p99 "
-          "| 3-step workflows/s | kill -9: kill to all done "
+          "| 3-step workflows/s (steady / whole) | kill -9: kill to all done "
           "| duplicates / losses (kill -9, all rounds) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for system in systems:
@@ -296,23 +326,26 @@ def main(argv: list[str] | None = None) -> None:
         else:
             latency_text = "-"
         steps_text = ("n/a (no steps)" if not system.has_steps
-                      else fmt(res["steps"]) if "steps" in chosen else "-")
+                      else pair(res, "steps") if "steps" in chosen else "-")
         recovery_text = ((fmt(res["recovery"], " s"), f"{total(res['dups']):.0f} / "
                           f"{total(res['lost']):.0f}") if "recovery" in chosen else ("-", "-"))
-        print(f"| {system.name} | {fmt(res.get('noop1', []))} | {fmt(res.get('noop2', []))} | "
+        print(f"| {system.name} | {pair(res, 'noop1')} | {pair(res, 'noop2')} | "
               f"{fmt(res.get('enqueue', []))} | {fmt(res.get('enqueue_many', []))} | "
               f"{latency_text} | {steps_text} | "
               f"{recovery_text[0]} | {recovery_text[1]} |")
     print()
-    print("Each round's figures (the table gives their medians; enqueue: two a round, before "
-          "the one- and the two-worker drains):")
+    print("Each round's figures (the table gives their medians; noop and steps: the steady "
+          "rate, _whole: the whole drain's; enqueue: two a round, before the one- and the "
+          "two-worker drains):")
     for system in systems:
         res = results[system.name]
         parts = [f"{what} " + ", ".join("failed" if v is None else f"{v:,.{digits}f}"
                                          for v in res[what])
-                 for what, digits in (("noop1", 0), ("noop2", 0), ("enqueue", 0),
+                 for what, digits in (("noop1", 0), ("noop1_whole", 0), ("noop2", 0),
+                                      ("noop2_whole", 0), ("enqueue", 0),
                                       ("enqueue_many", 0), ("p50", 2), ("p99", 2),
-                                      ("steps", 0), ("recovery", 1)) if res.get(what)]
+                                      ("steps", 0), ("steps_whole", 0), ("recovery", 1))
+                 if res.get(what)]
         print(f"- {system.name}: {'; '.join(parts)}")
 
 if __name__ == "__main__":
