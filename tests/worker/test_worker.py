@@ -16,11 +16,11 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from tests._helpers import events, kinds, store_fixture, until, wait_status
+from tests._helpers import events, get, kinds, store_fixture, until, wait_status
 from veracity import App, Context, RetryPolicy
 from veracity._ids import new_execution_id
 from veracity.clock import ManualClock
@@ -411,6 +411,45 @@ async def test_the_limit_holds_with_slow_runs(store: Store) -> None:
             gate(f"k{i}:1").set()
         for ex in held:
             await wait_status(store, ex.id, Status.COMPLETED)
+
+
+class _HeldCompletions:
+    """The store, with every batch of completions held until ``release`` is set."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def execution_complete_many_if_owned(
+            self, owner: str, items: Sequence[tuple[Claim, JSON]]) -> list[TransitionResult]:
+        await self.release.wait()
+        return await self._store.execution_complete_many_if_owned(owner, items)
+
+
+async def test_a_slot_frees_when_the_code_ends_but_at_most_twice_the_limit_are_held(
+        store: Store) -> None:
+    """A run whose workflow has returned gives its slot back while its completion is
+    written (it keeps its lease); at most ``concurrency`` such runs give theirs back."""
+    held = _HeldCompletions(store)
+    submitted = [await submit(store, "wt:echo/run.fn", i) for i in range(12)]
+    worker = make_worker(cast(Store, held))  # concurrency 4
+    async with running(worker):
+        # four ran and wait on their completions; four more ran in the slots they gave back
+        await until(lambda: _true(len(worker.runs) == 8), what="eight runs held")
+        await asyncio.sleep(0.3)  # and no more: twice the limit
+        assert len(worker.runs) == 8
+        states = [(await get(store, ex.id)).status for ex in submitted]
+        assert states.count(Status.RUNNING) == 8 and states.count(Status.PENDING) == 4
+        held.release.set()
+        for ex in submitted:
+            await wait_status(store, ex.id, Status.COMPLETED)
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 # -- leases ----------------------------------------------------------------------------------

@@ -274,6 +274,10 @@ class Worker:
         self.runs: dict[uuid.UUID, Run] = {}
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        self._ending: set[uuid.UUID] = set()
+        """Executions whose workflow code has ended and whose completion or failure is being
+        written: they keep their lease (renewed, fenced) but not their slot, up to
+        ``concurrency`` of them (docs/workers.md, "Concurrency")."""
         self._stopping = asyncio.Event()
         self._completer = Completer(self.store, self.id)
         self._checkpointer = Checkpointer(self.store, self.id)
@@ -388,7 +392,7 @@ class Worker:
     async def _claim_loop(self) -> None:
         delay = 0.1
         while not self._stopping.is_set():
-            free = self.settings.concurrency - len(self.runs)
+            free = self.settings.concurrency - self._busy()
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
@@ -420,6 +424,17 @@ class Worker:
             except TimeoutError:
                 pass
 
+    def _busy(self) -> int:
+        """Slots taken: every execution held, but those whose code has ended and whose last
+        write is under way, up to ``concurrency`` of them (so that at most twice
+        ``concurrency`` are held)."""
+        return len(self.runs) - min(len(self._ending), self.settings.concurrency)
+
+    def _ended(self, claim: Claim) -> None:
+        """The workflow's code has ended: its slot is free while its last write goes out."""
+        self._ending.add(claim.execution_id)
+        self._slot_freed.set()
+
     async def _wake_due_timers(self, now: float) -> int:
         """Every ``poll_interval``: due timers' executions made pending (how many)."""
         if now < self._next_timer_check:
@@ -449,6 +464,7 @@ class Worker:
                 self._stale.add(previous.task)
                 previous.task.add_done_callback(self._stale.discard)
         self.runs[execution.id] = run
+        self._ending.discard(execution.id)  # a new run of it: its code has not ended
         # a conservative local estimate of the lease's end, by the monotonic clock
         self._lease_deadline[execution.id] = claimed_at + self.settings.lease_ttl
         self.claimed_total += 1
@@ -506,6 +522,7 @@ class Worker:
             )
         finally:
             if self.runs.get(execution.id) is run:  # not a newer run of the same execution
+                self._ending.discard(execution.id)
                 self.runs.pop(execution.id, None)
                 self._lease_deadline.pop(execution.id, None)
             self.finished_total += 1
@@ -599,6 +616,7 @@ class Worker:
         except NotJSONError as exc:
             await self._fail(claim, workflow_error("result_not_json", exc))
             return
+        self._ended(claim)
         outcome = await self._write(lambda: self._completer.complete(claim, result), claim)
         if outcome is not None and not outcome.applied:
             log.warning("completion refused (%s)", outcome.reason,
@@ -621,6 +639,7 @@ class Worker:
         await self._release(claim, reason)
 
     async def _fail(self, claim: Claim, error: JSON) -> None:
+        self._ended(claim)
         await self._write(lambda: self.store.execution_fail_if_owned(claim, error), claim)
 
     async def _release(self, claim: Claim, reason: str) -> None:
