@@ -431,9 +431,13 @@ class Worker:
         return len(self.runs) - min(len(self._ending), self.settings.concurrency)
 
     def _ended(self, claim: Claim) -> None:
-        """The workflow's code has ended: its slot is free while its last write goes out."""
-        self._ending.add(claim.execution_id)
-        self._slot_freed.set()
+        """The workflow's code has ended: its slot is free while its last write goes out.
+        Not for a run that a newer claim of the same execution replaced (the slot is the
+        newer run's)."""
+        current = self.runs.get(claim.execution_id)
+        if current is not None and current.claim == claim:
+            self._ending.add(claim.execution_id)
+            self._slot_freed.set()
 
     async def _wake_due_timers(self, now: float) -> int:
         """Every ``poll_interval``: due timers' executions made pending (how many)."""
