@@ -6,8 +6,11 @@
   100,000 pending executions of another deployment due before its own (stranded ones,
   say): a worker claims only its own deployment's (docs/deployments.md), without reading
   those.
-- latency: one idle worker; executions submitted one at a time; submit-to-start is the
-  ``running`` event's time minus ``created_at`` (both the database clock).
+- latency: one idle worker; no-op executions submitted one at a time; submit-to-start is
+  the ``running`` event's time minus ``created_at``, submit-to-end the ``completed``
+  event's (both the database clock), with the worker's hand-offs (docs/workers.md) and
+  without (``worker.handoff = false``). A handed-off execution's ``running`` event is
+  written with its submission (submit-to-start 0): its submit-to-end is what compares.
 - recovery: executions in the middle of slow steps, the worker killed with SIGKILL, a second
   worker and a recovery loop running; the time from the kill to all finished, against
   TTL + recovery interval + 1 s.
@@ -135,7 +138,7 @@ def throughput(workers: int, n: int, concurrency: int, backlog: int = 0) -> floa
             return n / float(row[0])
 
 
-async def _latency(url: str, samples: int) -> list[float]:
+async def _latency(url: str, samples: int) -> tuple[list[float], list[float]]:
     store = await open_store(url)
     try:
         ids = []
@@ -150,21 +153,28 @@ async def _latency(url: str, samples: int) -> list[float]:
         await store.close()
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            "SELECT extract(epoch FROM h.at - e.created_at) FROM veracity_executions e "
+            "SELECT extract(epoch FROM h.at - e.created_at), "
+            "extract(epoch FROM d.at - e.created_at) FROM veracity_executions e "
             "JOIN veracity_history h ON h.execution_id = e.id AND h.kind = 'running' "
+            "JOIN veracity_history d ON d.execution_id = e.id AND d.kind = 'completed' "
             "WHERE e.id = ANY(%s)", [ids]
         ).fetchall()
-    return sorted(float(r[0]) * 1000 for r in rows)
+    return ([float(r[0]) * 1000 for r in rows], [float(r[1]) * 1000 for r in rows])
 
 
-def latency(samples: int) -> tuple[float, float, float, int]:
+def latency(samples: int, handoff: bool = True
+            ) -> tuple[tuple[float, float, float], tuple[float, float, float], int]:
+    """(p50, p95, p99) of submit-to-start and of submit-to-end, and the sample count."""
     with scratch_pg_database() as url:
         asyncio.run(migrate(url))
-        with worker_procs(url, 1):
+        with worker_procs(url, 1, VERACITY_WORKER_HANDOFF=str(handoff).lower()):
             time.sleep(1.5)  # let it start and go idle
-            values = asyncio.run(_latency(url, samples))
-    q = statistics.quantiles(values, n=100, method="inclusive")
-    return q[49], q[94], q[98], len(values)
+            start, end = asyncio.run(_latency(url, samples))
+
+    def qs(values: list[float]) -> tuple[float, float, float]:
+        q = statistics.quantiles(sorted(values), n=100, method="inclusive")
+        return q[49], q[94], q[98]
+    return qs(start), qs(end), len(start)
 
 
 async def _recovery(url: str, ttl: float, interval: float, n: int) -> tuple[float, float]:
@@ -229,9 +239,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"workers  postgresql  1 worker process, concurrency {args.concurrency}, "
           f"{args.backlog:,} pending executions of another deployment due first: "
           f"{rate:,.0f} no-op executions/s ({args.executions})")
-    p50, p95, p99, count = latency(args.samples)
-    print(f"workers  postgresql  submit-to-start, idle worker ({count} samples): "
-          f"p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms")
+    for handoff in (True, False):
+        start, end, count = latency(args.samples, handoff)
+        print(f"workers  postgresql  idle worker, hand-offs {'on' if handoff else 'off'} "
+              f"({count} samples): submit-to-start p50 {start[0]:.2f} ms, p95 "
+              f"{start[1]:.2f} ms, p99 {start[2]:.2f} ms; submit-to-end p50 {end[0]:.2f} ms, "
+              f"p95 {end[1]:.2f} ms, p99 {end[2]:.2f} ms")
     ttl, interval = 3.0, 1.0
     recovered, finished = recovery(ttl, interval, 50)
     print(f"workers  postgresql  kill -9 of a worker running 50 executions: all recovered "

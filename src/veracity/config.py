@@ -72,6 +72,7 @@ ENV_VARS: dict[str, str] = {
     "worker.poll_interval": "VERACITY_POLL_INTERVAL",
     "worker.shutdown_grace": "VERACITY_SHUTDOWN_GRACE",
     "worker.notifications": "VERACITY_WORKER_NOTIFICATIONS",
+    "worker.handoff": "VERACITY_WORKER_HANDOFF",
     "worker.metrics_port": "VERACITY_WORKER_METRICS_PORT",
     "worker.metrics_host": "VERACITY_WORKER_METRICS_HOST",
     "server.read_timeout": "VERACITY_READ_TIMEOUT",
@@ -182,6 +183,9 @@ class WorkerSettings(_Model):
     shutdown_grace: Duration = Field(default=10.0, ge=0)
     # LISTEN/NOTIFY wake-ups (PostgreSQL); workers always poll too.
     notifications: bool = True
+    # An idle worker offers to take the next submission directly (PostgreSQL, with
+    # notifications; docs/workers.md, "Hand-off to an idle worker").
+    handoff: bool = True
     # `veracity worker` serves its Prometheus metrics here when set (docs/operations.md)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)

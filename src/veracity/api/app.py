@@ -216,7 +216,10 @@ def _define_api(app: APIRouter) -> None:
         "/v1/executions",
         status_code=201,
         response_model=ExecutionOut,
-        responses={200: {"model": ExecutionOut, "description": "Idempotent repeat"}},
+        responses={201: {"description": "Created: pending; on PostgreSQL running when an "
+                                        "idle worker's offer took it (docs/workers.md, "
+                                        "Hand-off to an idle worker)"},
+                   200: {"model": ExecutionOut, "description": "Idempotent repeat"}},
     )
     async def submit(body: SubmitRequest, service: Service) -> Response:
         execution, created = await service.submit(

@@ -1214,7 +1214,19 @@ def submitted_execution(new: NewExecution, row: Row) -> Execution:
     chose (``row``: id, scheduled_at, created_at, updated_at) and the columns' values of a
     new row. Reading the whole rows back cost more than the rest of the insert
     (tests/store/test_submit_many.py and the conformance suite's submission tests compare
-    the answers with the stored rows)."""
+    the answers with the stored rows). A submission handed to an idle worker
+    (``lease_owner`` in ``row``: PostgreSQL, docs/workers.md) is running, with the lease,
+    start and history the database gave it."""
+    owner = row.get("lease_owner")
+    if owner is not None:
+        return Execution(
+            id=new.id, ffqn=new.ffqn, params=new.params, status=Status.RUNNING, result=None,
+            error=None, attempt=1, deployment_id=new.deployment_id, parent_id=new.parent_id,
+            idempotency_key=new.idempotency_key, scheduled_at=row["scheduled_at"],
+            created_at=row["created_at"], updated_at=row["updated_at"], lease_owner=owner,
+            lease_epoch=row["lease_epoch"], lease_expires_at=row["lease_expires_at"],
+            history_seq=row["history_seq"], join_set=new.join_set,
+            started_at=row["started_at"])
     return Execution(
         id=new.id, ffqn=new.ffqn, params=new.params,
         status=Status.PAUSED if new.paused else Status.PENDING, result=None, error=None,

@@ -221,6 +221,9 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
     supports_notifications: bool
     """True if :meth:`pending_notifications` delivers wake-ups (PostgreSQL LISTEN)."""
 
+    supports_handoff: bool
+    """True if submissions can be handed to idle workers' offers (PostgreSQL)."""
+
     async def execution_claim(
         self, owner: str, ffqns: Sequence[str], *, limit: int, lease_ttl: timedelta,
         deployment_id: str | None = None, upgrade_ffqns: Sequence[str] = (),
@@ -291,11 +294,27 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
 
     async def worker_stop(self, worker_id: str) -> None: ...
 
-    def pending_notifications(self) -> AsyncIterator[None]:
-        """Yield once as soon as it listens (an execution that became pending before could
-        not be heard: the caller looks for work now), then once per wake-up notification
-        (an execution became pending). Only when ``supports_notifications``; ends with an
+    def pending_notifications(self, handoff_to: str | None = None
+                              ) -> AsyncIterator[Execution | None]:
+        """Yield ``None`` once as soon as it listens (an execution that became pending
+        before could not be heard: the caller looks for work now), then once per wake-up
+        notification (an execution became pending); with ``handoff_to``, also each
+        execution a submission handed to that worker (its offer, :meth:`offer_post`), as
+        written: running, leased to it. Only when ``supports_notifications``; ends with an
         exception if the connection is lost."""
+
+    async def offer_post(self, owner: str, *, deployment_id: str, ffqns: Sequence[str],
+                         lease_ttl: timedelta, expires_in: timedelta) -> None:
+        """Offer to take the next submission of one of ``ffqns`` in ``deployment_id``
+        that is due now and not paused, as its claim with a ``lease_ttl`` lease, for
+        ``expires_in`` (the worker's previous offer replaced). At most one submission
+        takes an offer (docs/workers.md, "Hand-off to an idle worker"). Only when
+        ``supports_handoff``."""
+
+    async def offer_withdraw(self, owner: str) -> bool:
+        """Withdraw the worker's offer: True if it was still there, False if there was
+        none or a submission took it (that submission has committed by then, and its
+        notification is on its way)."""
 
     def interrupt_notifications(self) -> AsyncIterator[uuid.UUID]:
         """Yield the id of each running execution asked to stop (PostgreSQL NOTIFY)."""

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -39,6 +40,7 @@ from veracity.core.requests import InterruptKind
 from veracity.core.states import Status
 from veracity.host import host_key
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
+from veracity.store._common import claim_split
 from veracity.store.protocol import WorkerStore
 from veracity.telemetry import Telemetry
 from veracity.worker.context import (
@@ -62,6 +64,9 @@ RETRY_CAP = 1.0
 answers again the worker registers, claims and listens again within about a second."""
 EXTRA = {"domain": "worker"}
 SHUTDOWN_REASON = "worker shutting down"
+HANDOFF_GRACE = 1.0
+"""Seconds a worker keeps a slot for a hand-off it learnt was taken and has not heard yet
+(its notification was sent when the submission committed, before the worker learnt it)."""
 
 
 class RateLimitedLog:
@@ -291,6 +296,15 @@ class Worker:
         self.bindings = http or Bindings()
         """The ``[[http]]`` bindings ``ctx.http`` is held to (docs/http.md)."""
         self._http: HttpClient | None = None
+        # Hand-offs (docs/workers.md, "Hand-off to an idle worker"): the workflows an offer
+        # names (those claimed from our deployment only), whether an offer of ours may be
+        # out, until when a slot is kept for a taken one not heard yet, how many were heard.
+        self._offer_ffqns = claim_split(self.ffqns, self.deployment_id, self.upgrade_ffqns)[0]
+        self._offered = False
+        self._awaiting_handoff = 0.0
+        self._handed = 0
+        self._listening = False
+        self.handed_total = 0
 
     @property
     def http(self) -> HttpClient:
@@ -342,6 +356,9 @@ class Worker:
         try:
             await self._claim_loop()
         finally:
+            # a hand-off taken before the offer was withdrawn is released by the drain
+            while time.monotonic() < self._awaiting_handoff:
+                await asyncio.sleep(0.01)
             await self._drain()
             for task in helpers:
                 task.cancel()
@@ -391,38 +408,122 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         delay = 0.1
-        while not self._stopping.is_set():
-            free = self.settings.concurrency - self._busy()
-            if free <= 0:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
-                continue
-            self._wake.clear()  # before the claim: a hint arriving during it is kept
-            try:
-                batch = await self.store.execution_claim(
-                    self.id, self.ffqns, limit=free, lease_ttl=self.ttl,
-                    deployment_id=self.deployment_id, upgrade_ffqns=self.upgrade_ffqns,
-                )
-            except Exception as exc:
-                self._trouble.warning("db", "claim failed, retrying with backoff: %s", exc)
-                await self._sleep(delay)
-                delay = min(delay * 2, RETRY_CAP)
-                continue
-            delay = 0.1
-            now = time.monotonic()
-            if self.telemetry is not None:
-                self.telemetry.claimed(len(batch))
-            for execution in batch:
-                self._start(execution, now)
-            # due durable timers (sleeps, receive timeouts) become pending, once per poll
-            # interval; after the claim, so that a woken claim never waits behind it
-            woken = await self._wake_due_timers(now)
-            if len(batch) == free or woken:
-                continue  # there may be more; claim again as soon as slots allow
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.poll_interval)
-            except TimeoutError:
-                pass
+        try:
+            while not self._stopping.is_set():
+                free = self.settings.concurrency - self._busy() - self._kept_for_handoff()
+                if free <= 0 and self._offered and self._busy() < self.settings.concurrency:
+                    # the only free slot is kept for our offer: withdraw it to claim
+                    try:
+                        await self._withdraw_offer()
+                    except Exception as exc:
+                        self._trouble.warning("db", "withdrawing the offer failed: %s", exc)
+                        await self._sleep(delay)
+                        delay = min(delay * 2, RETRY_CAP)
+                    continue
+                if free <= 0:
+                    if self._busy() < self.settings.concurrency:  # kept for a taken offer
+                        self._wake.clear()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(
+                                self._wake.wait(),
+                                timeout=max(0.0, self._awaiting_handoff - time.monotonic()))
+                        continue
+                    self._slot_freed.clear()
+                    await self._slot_freed.wait()
+                    continue
+                self._wake.clear()  # before the claim: a hint arriving during it is kept
+                try:
+                    batch = await self.store.execution_claim(
+                        self.id, self.ffqns, limit=free, lease_ttl=self.ttl,
+                        deployment_id=self.deployment_id, upgrade_ffqns=self.upgrade_ffqns,
+                    )
+                except Exception as exc:
+                    self._trouble.warning("db", "claim failed, retrying with backoff: %s", exc)
+                    await self._sleep(delay)
+                    delay = min(delay * 2, RETRY_CAP)
+                    continue
+                delay = 0.1
+                now = time.monotonic()
+                if self.telemetry is not None:
+                    self.telemetry.claimed(len(batch))
+                for execution in batch:
+                    self._start(execution, now)
+                # due durable timers (sleeps, receive timeouts) become pending, once per
+                # poll interval; after the claim, so that a woken claim never waits behind it
+                woken = await self._wake_due_timers(now)
+                if len(batch) == free or woken:
+                    continue  # there may be more; claim again as soon as slots allow
+                await self._offer()
+                try:
+                    await asyncio.wait_for(self._wake.wait(),
+                                           timeout=self.settings.poll_interval)
+                except TimeoutError:
+                    pass
+        finally:
+            if self._offered:  # stopping: take no more hand-offs
+                with contextlib.suppress(Exception):
+                    await self._withdraw_offer()
+
+    # -- hand-offs (docs/workers.md, "Hand-off to an idle worker") -------------------------
+
+    def _kept_for_handoff(self) -> int:
+        """Slots kept for hand-offs: one while an offer of ours may be out or a taken one
+        has not been heard yet."""
+        return 1 if self._offered or time.monotonic() < self._awaiting_handoff else 0
+
+    def _handoff_enabled(self) -> bool:
+        return (self.settings.handoff and self.settings.notifications
+                and self.store.supports_handoff and bool(self._offer_ffqns))
+
+    async def _offer(self) -> None:
+        """Found nothing more to claim: offer to take the next submission directly, while
+        a slot is free and we hear hand-offs (posted again each time, so an offer outlives
+        the poll interval only by a second)."""
+        if (not self._handoff_enabled() or not self._listening or self._stopping.is_set()
+                or time.monotonic() < self._awaiting_handoff
+                or self._busy() >= self.settings.concurrency):
+            return
+        self._offered = True  # before the write: a hand-off heard meanwhile clears it
+        try:
+            await self.store.offer_post(
+                self.id, deployment_id=self.deployment_id, ffqns=self._offer_ffqns,
+                lease_ttl=self.ttl,
+                expires_in=timedelta(seconds=self.settings.poll_interval + 1.0))
+        except Exception as exc:
+            # not known to be posted: one expires on its own, and withdrawing it first
+            # keeps the slot count right
+            self._trouble.warning("db", "posting an offer failed: %s", exc)
+
+    async def _withdraw_offer(self) -> None:
+        heard = self._handed
+        self._offered = False
+        try:
+            kept = await self.store.offer_withdraw(self.id)
+        except BaseException:
+            self._offered = True  # still possibly out
+            raise
+        if not kept and self._handed == heard:
+            # a submission took it: its notification is on its way
+            self._awaiting_handoff = time.monotonic() + HANDOFF_GRACE
+
+    def _handed_off(self, execution: Execution) -> None:
+        """A submission was written claimed by us (our offer): run it as a claimed one."""
+        self._handed += 1
+        self._offered = False
+        self._awaiting_handoff = 0.0
+        if execution.lease_owner != self.id or execution.status is not Status.RUNNING:
+            return  # not ours (cannot happen: our own channel)
+        self.handed_total += 1
+        if self._stopping.is_set():  # taken before we withdrew the offer: back to pending
+            task = asyncio.get_running_loop().create_task(self._release(
+                Claim(execution.id, self.id, execution.lease_epoch), SHUTDOWN_REASON))
+            self._stale.add(task)  # the drain waits for it
+            task.add_done_callback(self._stale.discard)
+            return
+        if self.telemetry is not None:
+            self.telemetry.claimed(1)
+        self._start(execution, time.monotonic())
+        self._wake.set()  # offer again while slots are free
 
     def _busy(self) -> int:
         """Slots taken: every execution held, but those whose code has ended and whose last
@@ -751,15 +852,22 @@ class Worker:
 
     async def _listen_loop(self) -> None:
         delay = 0.1
+        handoff_to = self.id if self._handoff_enabled() else None
         while True:
             try:
-                async for _ in self.store.pending_notifications():
-                    self._wake.set()
+                async for note in self.store.pending_notifications(handoff_to=handoff_to):
+                    self._listening = True
+                    if note is None:
+                        self._wake.set()
+                    else:
+                        self._handed_off(note)
                     delay = 0.1
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self._trouble.warning("listen", "notifications lost, reconnecting: %s", exc)
+            finally:
+                self._listening = False
             self._wake.set()  # something may have arrived while we were not listening
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_CAP)

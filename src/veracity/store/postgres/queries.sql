@@ -28,34 +28,78 @@ SELECT 1 AS ok
 
 -- name: execution_submit
 -- One submission and its first event. Answers only what the database chose (the id tells
--- an insert from a conflict; the times); the store builds the rest from what it sent, as
--- for a batch (reading the whole row back cost some 50 µs of the caller's CPU).
-WITH ins AS (
+-- an insert from a conflict; the times; the lease of a hand-off); the store builds the
+-- rest from what it sent, as for a batch (reading the whole row back cost some 50 µs of
+-- the caller's CPU).
+-- Hand-off (docs/workers.md, "Hand-off to an idle worker"): when an idle worker's offer
+-- matches (its deployment, one of its pinned workflows, the submission due now, not
+-- paused, not a child, its parameters small enough for a notification), the row is
+-- written claimed by that worker as a claim would leave it (running, the worker's lease,
+-- epoch 1, started now, the `running` event after the `pending` one) and the offer is
+-- used up; the worker hears it on its own channel with the row. SKIP LOCKED: two
+-- submissions never take one offer, and a submission never waits for one. A submission
+-- whose key exists inserts nothing and leaves the offer.
+WITH offer AS (
+    SELECT owner, channel, lease_ttl FROM veracity_offers
+    WHERE deployment_id = %(deployment_id)s
+      AND %(ffqn)s = ANY (ffqns)
+      AND expires_at > coalesce(%(now)s::timestamptz, now())
+      AND NOT %(paused)s
+      AND %(parent_id)s::uuid IS NULL
+      AND coalesce(%(scheduled_at)s::timestamptz <= coalesce(%(now)s::timestamptz, now()),
+                   true)
+      -- a notification carries at most 8000 bytes: the row's variable texts within 5000
+      AND octet_length(%(params)s::text) + octet_length(%(ffqn)s)
+          + octet_length(%(deployment_id)s)
+          + coalesce(octet_length(%(idempotency_key)s::text), 0)
+          + coalesce(octet_length(%(request_digest)s::text), 0) <= 5000
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), ins AS (
     INSERT INTO veracity_executions (
         id, ffqn, params, status, paused_from, attempt, deployment_id, parent_id, join_set,
-        idempotency_key, request_digest, scheduled_at, created_at, updated_at, history_seq)
-    VALUES (
+        idempotency_key, request_digest, scheduled_at, created_at, updated_at, history_seq,
+        lease_owner, lease_epoch, lease_expires_at, started_at)
+    SELECT
         %(id)s, %(ffqn)s, %(params)s,
-        CASE WHEN %(paused)s THEN 'paused' ELSE 'pending' END,
+        CASE WHEN offer.owner IS NOT NULL THEN 'running'
+             WHEN %(paused)s THEN 'paused' ELSE 'pending' END,
         CASE WHEN %(paused)s THEN 'pending' END,
         1, %(deployment_id)s, %(parent_id)s::uuid, %(join_set)s::text,
         %(idempotency_key)s::text, %(request_digest)s::text,
         coalesce(%(scheduled_at)s::timestamptz, %(now)s::timestamptz, now()),
         coalesce(%(now)s::timestamptz, now()),
         coalesce(%(now)s::timestamptz, now()),
-        1)
+        CASE WHEN offer.owner IS NOT NULL THEN 2 ELSE 1 END,
+        offer.owner,
+        CASE WHEN offer.owner IS NOT NULL THEN 1 ELSE 0 END,
+        coalesce(%(now)s::timestamptz, now()) + offer.lease_ttl,
+        CASE WHEN offer.owner IS NOT NULL THEN coalesce(%(now)s::timestamptz, now()) END
+    FROM (SELECT 1) AS one LEFT JOIN offer ON true
     ON CONFLICT DO NOTHING
-    RETURNING id, ffqn, params, status, deployment_id, scheduled_at, parent_id, join_set,
-              idempotency_key, created_at, updated_at
+    RETURNING *
 ), ev AS (
     INSERT INTO veracity_history (execution_id, seq, kind, at, data)
-    SELECT id, 1, status, created_at, json_build_object(
-        'ffqn', ffqn, 'params', params, 'deployment_id', deployment_id,
-        'scheduled_at', scheduled_at, 'parent_id', parent_id, 'join_set', join_set,
-        'idempotency_key', idempotency_key)
+    SELECT id, 1, CASE WHEN lease_owner IS NULL THEN status ELSE 'pending' END, created_at,
+        json_build_object(
+            'ffqn', ffqn, 'params', params, 'deployment_id', deployment_id,
+            'scheduled_at', scheduled_at, 'parent_id', parent_id, 'join_set', join_set,
+            'idempotency_key', idempotency_key)
     FROM ins
+    UNION ALL
+    SELECT id, 2, 'running', updated_at, json_build_object(
+        'owner', lease_owner, 'epoch', lease_epoch, 'attempt', attempt,
+        'deployment_id', deployment_id, 'handoff', true)
+    FROM ins WHERE lease_owner IS NOT NULL
+), taken AS (
+    DELETE FROM veracity_offers AS o USING ins WHERE o.owner = ins.lease_owner
 )
-SELECT id, scheduled_at, created_at, updated_at FROM ins
+SELECT id, scheduled_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at,
+       started_at, history_seq,
+       (CASE WHEN lease_owner IS NOT NULL
+             THEN pg_notify((SELECT channel FROM offer), row_to_json(ins)::text) END) IS NULL
+           AS told
+FROM ins
 
 -- name: execution_submit_many
 -- rows [{id, ffqn, params, paused, deployment_id, idempotency_key, request_digest,
@@ -404,6 +448,10 @@ ON CONFLICT (id) DO UPDATE SET
 RETURNING *
 
 -- name: worker_stop
+-- (and its offer withdrawn: a stopping worker takes no hand-off)
+WITH withdrawn AS (
+    DELETE FROM veracity_offers WHERE owner = %(id)s
+)
 UPDATE veracity_workers SET stopped_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(id)s
 RETURNING *
@@ -420,6 +468,8 @@ WITH gone AS (
     WHERE w.id = r.id AND w.pid = r.pid AND w.host_key = %(host_key)s
       AND w.stopped_at IS NULL
     RETURNING w.id
+), withdrawn AS (
+    DELETE FROM veracity_offers AS o USING gone WHERE o.owner = gone.id
 )
 UPDATE veracity_executions AS e SET lease_expires_at = coalesce(%(now)s::timestamptz, now())
 FROM gone
@@ -1160,3 +1210,25 @@ SELECT kind, count(*) AS n FROM veracity_history
 WHERE execution_id = %(id)s
 GROUP BY kind
 ORDER BY kind
+
+-- name: offer_post
+-- An idle worker's offer to take the next matching submission (docs/workers.md, "Hand-off
+-- to an idle worker"), posted again or refreshed; offers long expired (their workers gone
+-- without withdrawing them) are removed on the way.
+WITH stale AS (
+    DELETE FROM veracity_offers
+    WHERE expires_at < coalesce(%(now)s::timestamptz, now()) - interval '1 minute'
+)
+INSERT INTO veracity_offers AS o (owner, deployment_id, ffqns, channel, lease_ttl, expires_at)
+VALUES (%(owner)s, %(deployment_id)s, %(ffqns)s::text[], %(channel)s, %(ttl)s::interval,
+        coalesce(%(now)s::timestamptz, now()) + %(expires_in)s::interval)
+ON CONFLICT (owner) DO UPDATE SET
+    deployment_id = EXCLUDED.deployment_id, ffqns = EXCLUDED.ffqns,
+    channel = EXCLUDED.channel, lease_ttl = EXCLUDED.lease_ttl,
+    expires_at = EXCLUDED.expires_at
+RETURNING owner
+
+-- name: offer_withdraw
+-- Answers a row if the offer was still there (no submission took it). Waits for a
+-- submission that holds it to commit: if that one took it, it is gone by then.
+DELETE FROM veracity_offers WHERE owner = %(owner)s RETURNING owner

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import logging
 import uuid
@@ -72,6 +73,7 @@ log = logging.getLogger("veracity.store")
 NOTIFY_CHANNEL = "veracity_pending"
 ENDED_CHANNEL = "veracity_ended"
 INTERRUPT_CHANNEL = "veracity_interrupt"
+HANDOFF_PREFIX = "veracity_handoff_"
 RETRIES = 3  # attempts after a lost connection
 
 
@@ -81,6 +83,32 @@ def _utc(value: datetime | None) -> datetime | None:
 
 def row_to_execution(row: Row) -> Execution:
     # the session's time zone is UTC, so timestamps arrive as aware UTC datetimes
+    return _ops.execution_from(row)
+
+
+def handoff_channel(owner: str) -> str:
+    """The channel a worker hears its hand-offs on (docs/workers.md, "Hand-off to an idle
+    worker"): a valid identifier whatever the worker's id."""
+    return HANDOFF_PREFIX + hashlib.md5(owner.encode(), usedforsecurity=False).hexdigest()
+
+
+_HANDED_UUIDS = ("id", "parent_id", "retry_of")
+_HANDED_TIMES = ("scheduled_at", "created_at", "updated_at", "lease_expires_at", "wake_at",
+                 "cancel_requested_at", "pause_requested_at", "triggered_at", "flagged_at",
+                 "end_requested_at", "started_at")
+
+
+def handed_execution(payload: str) -> Execution:
+    """The execution a hand-off's notification carries: its row as ``row_to_json`` wrote
+    it (the stored JSON values as they are, ids and times as text), read as a claim reads
+    its rows."""
+    row = read_json(payload)
+    for key in _HANDED_UUIDS:
+        if row[key] is not None:
+            row[key] = uuid.UUID(row[key])
+    for key in _HANDED_TIMES:
+        if row[key] is not None:
+            row[key] = datetime.fromisoformat(row[key]).astimezone(UTC)
     return _ops.execution_from(row)
 
 
@@ -196,6 +224,7 @@ its tick runs, so only a holder that is frozen (SIGSTOP, a paused VM) or gone lo
 class PostgresStore(SharedMethods):
     backend = "postgresql"
     supports_notifications = True
+    supports_handoff = True
 
     def __init__(self, url: str, pool: AsyncConnectionPool[Any], clock: Clock, *,
                  connect_timeout: int = 10, lock_silence: float = LOCK_SILENCE) -> None:
@@ -740,15 +769,29 @@ class PostgresStore(SharedMethods):
         finally:
             await conn.close()
 
-    async def pending_notifications(self) -> AsyncIterator[None]:
+    async def pending_notifications(self, handoff_to: str | None = None
+                                    ) -> AsyncIterator[Execution | None]:
         conn = await psycopg.AsyncConnection.connect(
             self._url, autocommit=True, connect_timeout=self._connect_timeout
         )
         try:
-            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            # both in one round trip (statements without parameters)
+            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}" if handoff_to is None else
+                               f"LISTEN {NOTIFY_CHANNEL}; LISTEN {handoff_channel(handoff_to)}")
             # listening now: what became pending before could not be heard, so look once
             yield None
-            async for _ in conn.notifies():
-                yield None
+            async for note in conn.notifies():
+                yield None if note.channel == NOTIFY_CHANNEL else handed_execution(note.payload)
         finally:
             await conn.close()
+
+    async def offer_post(self, owner: str, *, deployment_id: str, ffqns: Sequence[str],
+                         lease_ttl: timedelta, expires_in: timedelta) -> None:
+        await self._fetchall("offer_post", {
+            "owner": owner, "deployment_id": deployment_id,
+            "ffqns": _text_array(tuple(sorted(set(ffqns)))),
+            "channel": handoff_channel(owner), "ttl": lease_ttl, "expires_in": expires_in,
+            "now": self._now()})
+
+    async def offer_withdraw(self, owner: str) -> bool:
+        return bool(await self._fetchall("offer_withdraw", {"owner": owner}))

@@ -211,6 +211,7 @@ _COMMIT_HOOKS: dict[Path, set[Callable[[], None]]] = {}
 class SqliteStore(SharedMethods):
     backend = "sqlite"
     supports_notifications = False
+    supports_handoff = False
 
     def __init__(self, path: Path, clock: Clock) -> None:
         self._path = path
@@ -761,9 +762,17 @@ class SqliteStore(SharedMethods):
         raise NotImplementedError("SQLite has no notifications; workers learn at heartbeat")
         yield uuid.UUID(int=0)  # pragma: no cover - makes this an async generator
 
-    async def pending_notifications(self) -> AsyncIterator[None]:
+    async def pending_notifications(self, handoff_to: str | None = None
+                                    ) -> AsyncIterator[Execution | None]:
         raise NotImplementedError("SQLite has no notifications; workers poll")
         yield None  # pragma: no cover - makes this an async generator
+
+    async def offer_post(self, owner: str, *, deployment_id: str, ffqns: Sequence[str],
+                         lease_ttl: timedelta, expires_in: timedelta) -> None:
+        raise NotImplementedError("SQLite has no hand-offs (they need notifications)")
+
+    async def offer_withdraw(self, owner: str) -> bool:
+        raise NotImplementedError("SQLite has no hand-offs (they need notifications)")
 
 
 UUID_COLUMNS = frozenset({"id", "parent_id", "execution_id", "retry_of",

@@ -1,0 +1,301 @@
+"""Hand-offs to an idle worker (docs/workers.md, "Hand-off to an idle worker"): on
+PostgreSQL an idle worker offers to take the next submission, which is written claimed
+by it and heard on its own channel, so that it starts without a claim. Workers run
+in-process against a real store here (a worker killed with -9 while its offer is out:
+real processes, at the end). SQLite has no hand-offs: there the same submission is
+claimed."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests._helpers import history, store_fixture, until, wait_status
+from tests.worker._procs import Processes, wait_until
+from veracity import App, Context
+from veracity._ids import new_execution_id
+from veracity.config import WorkerSettings
+from veracity.core.states import Status
+from veracity.models import Execution, NewExecution
+from veracity.store import Store
+from veracity.worker.runner import Worker
+
+SETTINGS = WorkerSettings(lease_ttl=5, heartbeat_interval=0.5, poll_interval=0.2,
+                          concurrency=4, shutdown_grace=1)
+DEPLOYMENT = "dep-handoff-tests"
+app = App("handoff-tests")
+GATES: dict[str, asyncio.Event] = {}
+RUNNING = {"now": 0, "max": 0}
+
+
+@app.workflow("ht:echo/run.fn")
+async def echo(ctx: Context, value: Any) -> Any:
+    return value
+
+
+@app.workflow("ht:gated/run.fn")
+async def gated(ctx: Context, key: str) -> str:
+    RUNNING["now"] += 1
+    RUNNING["max"] = max(RUNNING["max"], RUNNING["now"])
+    try:
+        await GATES.setdefault(key, asyncio.Event()).wait()
+    finally:
+        RUNNING["now"] -= 1
+    return key
+
+
+@pytest.fixture(autouse=True)
+def state() -> None:
+    GATES.clear()
+    RUNNING.update(now=0, max=0)
+
+
+store = store_fixture(pool_size=4)
+
+
+async def submit(store: Store, ffqn: str, *params: Any) -> Execution:
+    return (await store.execution_submit(NewExecution(
+        ffqn=ffqn, params=list(params), deployment_id=DEPLOYMENT,
+        id=new_execution_id()))).execution
+
+
+def offers(database_url: str) -> list[str]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return [r[0] for r in conn.execute("SELECT owner FROM veracity_offers").fetchall()]
+
+
+async def offered(database_url: str, worker: Worker) -> None:
+    async def check() -> bool:
+        return worker.id in offers(database_url)
+
+    await until(check, what=f"{worker.id} to post its offer")
+
+
+def handed_flags(events: Sequence[Any]) -> list[bool]:
+    return [bool(ev.data.get("handoff")) for ev in events if ev.kind == "running"]
+
+
+@asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[None]:
+    task = asyncio.create_task(worker.run())
+    try:
+        yield
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, timeout=10)
+
+
+def pg_only(database_url: str) -> None:
+    if not database_url.startswith("postgresql"):
+        pytest.skip("hand-offs are PostgreSQL's (SQLite: test_an_idle_worker_starts_a_submission)")
+
+
+async def test_an_idle_worker_starts_a_submission(database_url: str, store: Store) -> None:
+    worker = Worker(store, app, settings=SETTINGS, deployment_id=DEPLOYMENT)
+    async with running(worker):
+        if store.supports_handoff:
+            await offered(database_url, worker)
+        execution = await submit(store, "ht:echo/run.fn", {"a": [1, 2]})
+        done = await wait_status(store, execution.id, Status.COMPLETED)
+    assert done.result == {"a": [1, 2]}
+    events = await history(store, execution.id)
+    assert [ev.kind for ev in events] == ["pending", "running", "completed"]
+    if store.supports_handoff:
+        # written claimed by the worker at submission: it ran without a claim
+        assert execution.status is Status.RUNNING and execution.lease_owner == worker.id
+        assert handed_flags(events) == [True]
+        assert worker.handed_total == 1
+    else:
+        assert execution.status is Status.PENDING
+        assert handed_flags(events) == [False]
+        assert worker.handed_total == 0
+
+
+async def test_a_worker_hands_off_one_after_another(database_url: str, store: Store) -> None:
+    pg_only(database_url)
+    worker = Worker(store, app, settings=SETTINGS, deployment_id=DEPLOYMENT)
+    async with running(worker):
+        ids = []
+        for i in range(5):
+            await offered(database_url, worker)  # posted again after each hand-off
+            ids.append((await submit(store, "ht:echo/run.fn", i)).id)
+            await wait_status(store, ids[-1], Status.COMPLETED)
+    assert worker.handed_total == 5
+    for ident in ids:
+        assert handed_flags(await history(store, ident)) == [True]
+
+
+async def test_no_offer_with_handoff_turned_off(database_url: str, store: Store) -> None:
+    pg_only(database_url)
+    settings = SETTINGS.model_copy(update={"handoff": False})
+    worker = Worker(store, app, settings=settings, deployment_id=DEPLOYMENT)
+    async with running(worker):
+        await until(lambda: _registered(store, worker), what="the worker to register")
+        await asyncio.sleep(3 * SETTINGS.poll_interval)  # three polls, and no offer
+        assert offers(database_url) == []
+        execution = await submit(store, "ht:echo/run.fn", 1)
+        assert execution.status is Status.PENDING
+        await wait_status(store, execution.id, Status.COMPLETED)
+    assert handed_flags(await history(store, execution.id)) == [False]
+
+
+async def _registered(store: Store, worker: Worker) -> bool:
+    return any(w.id == worker.id for w in await store.worker_list())
+
+
+async def test_a_stopped_worker_leaves_no_offer(database_url: str, store: Store) -> None:
+    pg_only(database_url)
+    worker = Worker(store, app, settings=SETTINGS, deployment_id=DEPLOYMENT)
+    async with running(worker):
+        await offered(database_url, worker)
+    assert offers(database_url) == []
+    assert (await submit(store, "ht:echo/run.fn", 1)).status is Status.PENDING
+
+
+class HeldHandoffs:
+    """The worker's store, with the hand-offs it hears held back until ``release``: the
+    notification of a taken offer still on its way while the worker claims."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def pending_notifications(self, handoff_to: str | None = None
+                                    ) -> AsyncIterator[Execution | None]:
+        async for note in self._store.pending_notifications(handoff_to=handoff_to):
+            if note is not None:
+                self.held.set()
+                await self.release.wait()
+            yield note
+
+
+async def test_a_slot_is_kept_for_a_taken_offer_not_heard_yet(
+    database_url: str, store: Store
+) -> None:
+    """Concurrency 1: an offer taken while the worker is woken to claim. The worker learns
+    it was taken when it withdraws it, and claims nothing until the hand-off arrives: never
+    two at once."""
+    pg_only(database_url)
+    held = HeldHandoffs(store)
+    settings = SETTINGS.model_copy(update={"concurrency": 1})
+    worker = Worker(held, app, settings=settings, deployment_id=DEPLOYMENT)
+    async with running(worker):
+        await offered(database_url, worker)
+        first = await submit(store, "ht:gated/run.fn", "first")
+        assert first.status is Status.RUNNING  # taken; the worker has not heard it
+        await asyncio.wait_for(held.held.wait(), 5)
+        second = await submit(store, "ht:gated/run.fn", "second")  # pending: wakes it
+        assert second.status is Status.PENDING
+        await asyncio.sleep(0.5)  # more than two polls
+        assert (await store.execution_get(second.id)).status is Status.PENDING  # type: ignore[union-attr]
+        assert RUNNING["max"] == 0
+        held.release.set()
+        await until(lambda: _is(RUNNING["now"] == 1), what="the handed one to run")
+        GATES.setdefault("first", asyncio.Event()).set()
+        await wait_status(store, first.id, Status.COMPLETED)
+        await wait_status(store, second.id, Status.RUNNING)
+        GATES.setdefault("second", asyncio.Event()).set()
+        await wait_status(store, second.id, Status.COMPLETED)
+    assert RUNNING["max"] == 1
+    assert handed_flags(await history(store, first.id)) == [True]
+    assert handed_flags(await history(store, second.id)) == [False]
+
+
+async def _is(value: bool) -> bool:
+    return value
+
+
+async def test_a_busy_worker_offers_nothing_and_hands_back_its_slot_count(
+    database_url: str, store: Store
+) -> None:
+    """Concurrency 2: with one running, one slot is free and offered; with two, none."""
+    pg_only(database_url)
+    settings = SETTINGS.model_copy(update={"concurrency": 2})
+    worker = Worker(store, app, settings=settings, deployment_id=DEPLOYMENT)
+    async with running(worker):
+        await offered(database_url, worker)
+        a = await submit(store, "ht:gated/run.fn", "a")
+        await until(lambda: _is(RUNNING["now"] == 1), what="a to run")
+        await offered(database_url, worker)  # the second slot
+        b = await submit(store, "ht:gated/run.fn", "b")
+        assert b.status is Status.RUNNING
+        await until(lambda: _is(RUNNING["now"] == 2), what="b to run")
+        await asyncio.sleep(3 * SETTINGS.poll_interval)
+        assert offers(database_url) == []  # full: nothing offered
+        c = await submit(store, "ht:gated/run.fn", "c")
+        assert c.status is Status.PENDING
+        for key in "abc":
+            GATES.setdefault(key, asyncio.Event()).set()
+        for ex in (a, b, c):
+            await wait_status(store, ex.id, Status.COMPLETED)
+    assert RUNNING["max"] == 2
+
+
+@pytest.mark.timeout(60)
+async def test_a_submission_handed_to_a_worker_killed_with_9_is_recovered(
+    database_url: str, store: Store, procs: Processes, tmp_path: Path
+) -> None:
+    """The worker dies with its offer out; the next submission is written claimed by it
+    (one execution per offer), and a live worker's recovery, seeing the process gone,
+    gives it back at once (docs/workers.md, "A worker whose process is gone")."""
+    pg_only(database_url)
+    env = {"VERACITY_LEASE_TTL": "60", "VERACITY_RECOVERY_INTERVAL": "0.3",
+           "VERACITY_POLL_INTERVAL": "5"}  # its offer lives 6 s
+    a = procs.worker(database_url, "A", env=env)
+    a_id = await a.registered()
+    await until(lambda: _is(a_id in offers(database_url)), what="A's offer")
+    a.kill9()
+    handed = (await store.execution_submit(NewExecution(
+        ffqn="test:steps/run.fn", params=[str(tmp_path / "marks.txt"), 1, 0],
+        deployment_id="d-test", id=new_execution_id()))).execution
+    assert (handed.status, handed.lease_owner) == (Status.RUNNING, a_id)
+    b = procs.worker(database_url, "B", env={**env, "VERACITY_POLL_INTERVAL": "0.2"})
+    b_id = await b.registered()
+    await wait_until(lambda: _done(store, handed.id), 30, what="B to run it",
+                     describe=procs.describe)
+    events = await history(store, handed.id)
+    runs = [(ev.data.get("owner"), bool(ev.data.get("handoff")))
+            for ev in events if ev.kind == "running"]
+    assert runs[0] == (a_id, True)
+    assert runs[-1][0] == b_id
+
+
+async def _done(store: Store, ident: uuid.UUID) -> bool:
+    e = await store.execution_get(ident)
+    return e is not None and e.status is Status.COMPLETED
+
+
+async def test_a_handoff_heard_while_stopping_is_given_back(
+    database_url: str, store: Store
+) -> None:
+    """Taken just before the stopping worker withdrew its offer: the worker waits for it
+    and releases it to pending, for another worker."""
+    pg_only(database_url)
+    held = HeldHandoffs(store)
+    worker = Worker(held, app, settings=SETTINGS, deployment_id=DEPLOYMENT)
+    task = asyncio.create_task(worker.run())
+    await offered(database_url, worker)
+    taken = await submit(store, "ht:gated/run.fn", "taken")
+    await asyncio.wait_for(held.held.wait(), 5)
+    worker.stop()
+    await asyncio.sleep(0.2)  # the offer withdrawn, found taken
+    assert not task.done()  # waiting for the hand-off
+    held.release.set()
+    await asyncio.wait_for(task, 10)
+    after = await store.execution_get(taken.id)
+    assert after is not None
+    assert (after.status, after.lease_owner) == (Status.PENDING, None)
+    assert RUNNING["max"] == 0  # never started
+    assert [ev.kind for ev in await history(store, taken.id)] == [
+        "pending", "running", "pending"]
