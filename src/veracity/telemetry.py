@@ -71,6 +71,9 @@ class Telemetry:
         self.claim_batch = Histogram(
             "veracity_claim_batch_size", "Executions taken by each claim that took any",
             registry=r, buckets=BATCH_BUCKETS)
+        self.handoffs = Counter(
+            "veracity_handoffs", "Executions this worker started from a hand-off (a "
+            "submission written claimed by it, its offer), not from a claim", registry=r)
         self.submit_writes = Histogram(
             "veracity_submission_write_size", "Single submissions each write of a server "
             "carried: 1 when alone, more when they arrived together and shared a "
@@ -136,6 +139,9 @@ class Telemetry:
     def claimed(self, count: int) -> None:
         if count:
             self.claim_batch.observe(count)
+
+    def handed_off(self) -> None:
+        self.handoffs.inc()
 
     def submissions_written(self, count: int) -> None:
         self.submit_writes.observe(count)

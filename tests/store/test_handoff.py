@@ -265,3 +265,23 @@ async def test_a_worker_stopped_or_gone_has_no_offer(
     assert raw.scalar("SELECT count(*) FROM veracity_offers") == 0
     assert (await store.execution_submit(new_execution(FFQN))).execution.status is \
         Status.PENDING
+
+
+async def test_what_is_leased_to_a_worker(store: Store, clock: ManualClock) -> None:
+    """Running executions whose unexpired lease the worker holds (a worker that lost its
+    listening connection looks for an unheard hand-off among them), on every backend."""
+    subs = [await store.execution_submit(new_execution(FFQN)) for _ in range(4)]
+    mine = await store.execution_claim("w1", [FFQN], limit=2, lease_ttl=TTL,
+                                       deployment_id=DEPLOYMENT)
+    theirs = await store.execution_claim("w2", [FFQN], limit=1, lease_ttl=TTL,
+                                         deployment_id=DEPLOYMENT)
+    assert len(mine) == 2 and len(theirs) == 1 and len(subs) == 4
+    stored = [await store.execution_get(e.id) for e in sorted(mine, key=lambda e: e.id)]
+    assert await store.execution_leased_to("w1") == stored
+    done = await store.execution_complete_if_owned(
+        Claim(mine[0].id, "w1", mine[0].lease_epoch), "ok")
+    assert done.applied
+    assert [e.id for e in await store.execution_leased_to("w1")] == [mine[1].id]
+    clock.advance(TTL)  # expired: no longer held
+    assert await store.execution_leased_to("w1") == []
+    assert await store.execution_leased_to("nobody") == []

@@ -299,3 +299,43 @@ async def test_a_handoff_heard_while_stopping_is_given_back(
     assert RUNNING["max"] == 0  # never started
     assert [ev.kind for ev in await history(store, taken.id)] == [
         "pending", "running", "pending"]
+
+
+class LostHandoff:
+    """The worker's store, whose listening connection is lost with the first hand-off on
+    it: the notification never reaches the worker."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.lost: list[Execution] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def pending_notifications(self, handoff_to: str | None = None
+                                    ) -> AsyncIterator[Execution | None]:
+        async for note in self._store.pending_notifications(handoff_to=handoff_to):
+            if note is not None and not self.lost:
+                self.lost.append(note)
+                raise ConnectionError("the listening connection was lost")
+            yield note
+
+
+async def test_a_handoff_whose_notification_was_lost_runs_when_the_worker_listens_again(
+    database_url: str, store: Store
+) -> None:
+    """Its lease (60 s here) would have let it wait for recovery: the worker, listening
+    again, finds what is leased to it and not running, and runs it."""
+    pg_only(database_url)
+    lost = LostHandoff(store)
+    settings = SETTINGS.model_copy(update={"lease_ttl": 60, "heartbeat_interval": 5})
+    worker = Worker(lost, app, settings=settings, deployment_id=DEPLOYMENT)
+    async with running(worker):
+        await offered(database_url, worker)
+        handed = await submit(store, "ht:echo/run.fn", "lost")
+        assert handed.lease_owner == worker.id
+        done = await wait_status(store, handed.id, Status.COMPLETED, timeout=5)
+    assert [e.id for e in lost.lost] == [handed.id]
+    assert done.result == "lost"
+    events = await history(store, handed.id)
+    assert [ev.kind for ev in events] == ["pending", "running", "completed"]

@@ -890,6 +890,11 @@ def external_running(limit: int, after: uuid.UUID | None) -> Op:
     return [execution_from(r) for r in rows]
 
 
+def leased_to(owner: str, now: datetime | None) -> Op:
+    rows = yield Query("execution_leased_to", {"owner": owner, "now": now})
+    return [execution_from(r) for r in rows]
+
+
 def reconcile_apply(actions: Sequence[ReconcileAction], now: datetime | None) -> Op:
     """The writes decided by looks at delegated executions (a reconciler tick's page, or
     one operator request), in one transaction and a fixed number of statements whatever

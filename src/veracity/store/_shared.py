@@ -266,6 +266,10 @@ class SharedMethods:
         result: list[Execution] = await self._op(lambda: _ops.external_running(limit, after))
         return result
 
+    async def execution_leased_to(self, owner: str) -> list[Execution]:
+        result: list[Execution] = await self._op(lambda: _ops.leased_to(owner, self._now()))
+        return result
+
     async def execution_reconcile_apply(
         self, actions: Sequence[ReconcileAction]
     ) -> list[ReconcileAction]:

@@ -311,6 +311,9 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
         takes an offer (docs/workers.md, "Hand-off to an idle worker"). Only when
         ``supports_handoff``."""
 
+    async def execution_leased_to(self, owner: str) -> list[Execution]:
+        """The running executions whose unexpired lease ``owner`` holds, in id order."""
+
     async def offer_withdraw(self, owner: str) -> bool:
         """Withdraw the worker's offer: True if it was still there, False if there was
         none or a submission took it (that submission has committed by then, and its

@@ -506,6 +506,22 @@ class Worker:
             # a submission took it: its notification is on its way
             self._awaiting_handoff = time.monotonic() + HANDOFF_GRACE
 
+    async def _adopt_unheard(self) -> None:
+        """Listening again after the connection was lost: a hand-off taken meanwhile was
+        never heard. Withdraw the offer, and run what is leased to us and not running."""
+        try:
+            if self._offered:
+                await self._withdraw_offer()
+            held = await self.store.execution_leased_to(self.id)
+        except Exception as exc:
+            self._trouble.warning("db", "looking for unheard hand-offs failed: %s", exc)
+            return
+        for execution in held:
+            if execution.id not in self.runs and not self._stopping.is_set():
+                log.info("running a hand-off whose notification was lost",
+                         extra={**EXTRA, "execution_id": str(execution.id)})
+                self._handed_off(execution)
+
     def _handed_off(self, execution: Execution) -> None:
         """A submission was written claimed by us (our offer): run it as a claimed one."""
         self._handed += 1
@@ -521,7 +537,7 @@ class Worker:
             task.add_done_callback(self._stale.discard)
             return
         if self.telemetry is not None:
-            self.telemetry.claimed(1)
+            self.telemetry.handed_off()
         self._start(execution, time.monotonic())
         self._wake.set()  # offer again while slots are free
 
@@ -560,6 +576,8 @@ class Worker:
         elif execution.pause_requested_at is not None:
             run.interrupt = "pause"
         previous = self.runs.get(execution.id)
+        if previous is not None and previous.claim == claim:
+            return  # this very claim, started already (a hand-off found two ways)
         if previous is not None:
             # we claimed it again (a newer epoch) while an old run of ours was still going:
             # that one has lost its lease; stop it, and keep it tracked for the drain
@@ -853,10 +871,13 @@ class Worker:
     async def _listen_loop(self) -> None:
         delay = 0.1
         handoff_to = self.id if self._handoff_enabled() else None
+        listened = False
         while True:
             try:
                 async for note in self.store.pending_notifications(handoff_to=handoff_to):
-                    self._listening = True
+                    if not self._listening and listened and handoff_to is not None:
+                        await self._adopt_unheard()
+                    self._listening = listened = True
                     if note is None:
                         self._wake.set()
                     else:

@@ -865,6 +865,14 @@ WHERE status = 'running' AND engine IS NOT NULL
 ORDER BY id
 LIMIT %(limit)s
 
+-- name: execution_leased_to
+-- The running executions one worker holds the lease of (a worker that lost its listening
+-- connection finds a hand-off it did not hear: docs/workers.md).
+SELECT * FROM veracity_executions
+WHERE status = 'running' AND lease_owner = %(owner)s
+  AND lease_expires_at > coalesce(%(now)s::timestamptz, now())
+ORDER BY id
+
 -- name: execution_park_waiting
 -- a pause requested while running, acted on at a durable wait: the wait is kept
 UPDATE veracity_executions SET

@@ -528,6 +528,11 @@ WHERE status = 'running' AND engine IS NOT NULL AND (:after IS NULL OR id > :aft
 ORDER BY id
 LIMIT :limit
 
+-- name: execution_leased_to
+SELECT * FROM veracity_executions
+WHERE status = 'running' AND lease_owner = :owner AND lease_expires_at > :now
+ORDER BY id
+
 -- name: execution_park_waiting
 UPDATE veracity_executions SET
     status = 'paused', paused_from = 'blocked', pause_requested_at = NULL,
