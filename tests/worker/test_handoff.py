@@ -25,10 +25,14 @@ from veracity.config import WorkerSettings
 from veracity.core.states import Status
 from veracity.models import Execution, NewExecution
 from veracity.store import Store
+from veracity.worker import runner
 from veracity.worker.runner import Worker
 
-SETTINGS = WorkerSettings(lease_ttl=5, heartbeat_interval=0.5, poll_interval=0.2,
+SETTINGS = WorkerSettings(lease_ttl=5, heartbeat_interval=0.5, poll_interval=5,
                           concurrency=4, shutdown_grace=1)
+"""Polls 5 s apart: a worker posts its offer again at each poll, and a submission that
+comes while that write holds the offer's row goes by the usual way (pending, claimed);
+rare, but not what these tests look at. Hand-offs and pending notifications wake it."""
 DEPLOYMENT = "dep-handoff-tests"
 app = App("handoff-tests")
 GATES: dict[str, asyncio.Event] = {}
@@ -134,11 +138,11 @@ async def test_a_worker_hands_off_one_after_another(database_url: str, store: St
 
 async def test_no_offer_with_handoff_turned_off(database_url: str, store: Store) -> None:
     pg_only(database_url)
-    settings = SETTINGS.model_copy(update={"handoff": False})
+    settings = SETTINGS.model_copy(update={"handoff": False, "poll_interval": 0.2})
     worker = Worker(store, app, settings=settings, deployment_id=DEPLOYMENT)
     async with running(worker):
         await until(lambda: _registered(store, worker), what="the worker to register")
-        await asyncio.sleep(3 * SETTINGS.poll_interval)  # three polls, and no offer
+        await asyncio.sleep(3 * settings.poll_interval)  # three polls, and no offer
         assert offers(database_url) == []
         execution = await submit(store, "ht:echo/run.fn", 1)
         assert execution.status is Status.PENDING
@@ -181,12 +185,14 @@ class HeldHandoffs:
 
 
 async def test_a_slot_is_kept_for_a_taken_offer_not_heard_yet(
-    database_url: str, store: Store
+    database_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Concurrency 1: an offer taken while the worker is woken to claim. The worker learns
     it was taken when it withdraws it, and claims nothing until the hand-off arrives: never
-    two at once."""
+    two at once. (The slot is kept for up to HANDOFF_GRACE, made long here so that a slow
+    machine cannot end it before the test releases the hand-off.)"""
     pg_only(database_url)
+    monkeypatch.setattr(runner, "HANDOFF_GRACE", 30.0)
     held = HeldHandoffs(store)
     settings = SETTINGS.model_copy(update={"concurrency": 1})
     worker = Worker(held, app, settings=settings, deployment_id=DEPLOYMENT)
@@ -197,7 +203,7 @@ async def test_a_slot_is_kept_for_a_taken_offer_not_heard_yet(
         await asyncio.wait_for(held.held.wait(), 5)
         second = await submit(store, "ht:gated/run.fn", "second")  # pending: wakes it
         assert second.status is Status.PENDING
-        await asyncio.sleep(0.5)  # more than two polls
+        await asyncio.sleep(0.5)
         assert (await store.execution_get(second.id)).status is Status.PENDING  # type: ignore[union-attr]
         assert RUNNING["max"] == 0
         held.release.set()
@@ -231,7 +237,7 @@ async def test_a_busy_worker_offers_nothing_and_hands_back_its_slot_count(
         b = await submit(store, "ht:gated/run.fn", "b")
         assert b.status is Status.RUNNING
         await until(lambda: _is(RUNNING["now"] == 2), what="b to run")
-        await asyncio.sleep(3 * SETTINGS.poll_interval)
+        await asyncio.sleep(0.5)
         assert offers(database_url) == []  # full: nothing offered
         c = await submit(store, "ht:gated/run.fn", "c")
         assert c.status is Status.PENDING
@@ -277,11 +283,12 @@ async def _done(store: Store, ident: uuid.UUID) -> bool:
 
 
 async def test_a_handoff_heard_while_stopping_is_given_back(
-    database_url: str, store: Store
+    database_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Taken just before the stopping worker withdrew its offer: the worker waits for it
-    and releases it to pending, for another worker."""
+    (up to HANDOFF_GRACE, long here) and releases it to pending, for another worker."""
     pg_only(database_url)
+    monkeypatch.setattr(runner, "HANDOFF_GRACE", 30.0)
     held = HeldHandoffs(store)
     worker = Worker(held, app, settings=SETTINGS, deployment_id=DEPLOYMENT)
     task = asyncio.create_task(worker.run())
