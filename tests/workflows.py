@@ -36,6 +36,19 @@ async def noop(ctx: Context, *args: Any) -> None:
     return None
 
 
+@app.workflow("test:span/run.fn")
+async def span(ctx: Context, marks: str, seconds: float) -> int:
+    """Marks ``<pid> +1 <execution>`` as its code starts and ``<pid> -1 <execution>`` as it
+    ends, ``seconds`` later (no fsync: for counting how many run at once in each worker
+    process, not for surviving a crash)."""
+    with open(marks, "a", encoding="utf-8") as f:
+        f.write(f"{os.getpid()} +1 {ctx.execution_id}\n")
+    await asyncio.sleep(seconds)
+    with open(marks, "a", encoding="utf-8") as f:
+        f.write(f"{os.getpid()} -1 {ctx.execution_id}\n")
+    return os.getpid()
+
+
 @app.workflow("test:echo/run.fn")
 async def echo(ctx: Context, value: Any) -> Any:
     return value

@@ -69,6 +69,8 @@ async def test_sqlite_has_no_handoffs(store: Store) -> None:
         await offer(store)
     with pytest.raises(NotImplementedError, match="no hand-offs"):
         await store.offer_withdraw("w1")
+    with pytest.raises(NotImplementedError, match="no hand-offs"):
+        await store.offer_refresh("w1", expires_in=OFFER_FOR)
     submitted = await store.execution_submit(new_execution(FFQN))
     assert submitted.execution.status is Status.PENDING
 
@@ -285,3 +287,19 @@ async def test_what_is_leased_to_a_worker(store: Store, clock: ManualClock) -> N
     clock.advance(TTL)  # expired: no longer held
     assert await store.execution_leased_to("w1") == []
     assert await store.execution_leased_to("nobody") == []
+
+
+async def test_an_offer_is_refreshed_while_it_is_there_and_never_made_anew(
+    store: Store, heard: asyncio.Queue[Execution | None], clock: ManualClock, raw: RawSQL
+) -> None:
+    await offer(store)
+    clock.advance(timedelta(seconds=1))
+    assert await store.offer_refresh("w1", expires_in=OFFER_FOR) is True
+    clock.advance(timedelta(seconds=1.5))  # past the first expiry, within the refreshed one
+    assert (await store.execution_submit(new_execution(FFQN))).execution.status is \
+        Status.RUNNING
+    # taken: refreshing says so, and makes no offer in its place
+    assert await store.offer_refresh("w1", expires_in=OFFER_FOR) is False
+    assert raw.scalar("SELECT count(*) FROM veracity_offers") == 0
+    assert (await store.execution_submit(new_execution(FFQN))).execution.status is \
+        Status.PENDING

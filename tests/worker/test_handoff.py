@@ -346,3 +346,61 @@ async def test_a_handoff_whose_notification_was_lost_runs_when_the_worker_listen
     assert done.result == "lost"
     events = await history(store, handed.id)
     assert [ev.kind for ev in events] == ["pending", "running", "completed"]
+
+
+@pytest.mark.timeout(90)
+async def test_many_submissions_to_idle_workers_run_once_each_within_the_concurrency(
+    database_url: str, store: Store, procs: Processes, tmp_path: Path
+) -> None:
+    """Three `veracity worker` processes at concurrency 2, idle between bursts, and eight
+    submitters at once: hand-offs and claims mix. Every execution runs once (one `running`
+    event, one `completed`, no late report), and no process ever runs more than two
+    workflows' code at once. (This found a worker that, refreshing an offer a submission
+    had just taken, posted a new one: two hand-offs owed for one kept slot, and three
+    running at once in two runs of three.)"""
+    pg_only(database_url)
+    marks = tmp_path / "spans.txt"
+    env = {"VERACITY_WORKER_CONCURRENCY": "2", "VERACITY_POLL_INTERVAL": "5"}
+    workers = [procs.worker(database_url, name, env=env) for name in "ABC"]
+    ids_of = [await w.registered() for w in workers]
+    await until(lambda: _is(set(ids_of) <= set(offers(database_url))),
+                what="three offers", timeout=15)
+
+    async def submitter(k: int) -> list[uuid.UUID]:
+        out = []
+        for i in range(40):
+            if i % 10 == 0:
+                await asyncio.sleep(0.3)  # idle again: offers posted anew
+            out.append((await store.execution_submit(NewExecution(
+                ffqn="test:span/run.fn", params=[str(marks), 0.01], deployment_id="d-test",
+                id=new_execution_id()))).execution.id)
+        return out
+
+    ids = [i for batch in await asyncio.gather(*(submitter(k) for k in range(8)))
+           for i in batch]
+    await wait_until(lambda: _all_done(store, ids), 60, what="all 320 completed",
+                     describe=procs.describe)
+    handed = 0
+    for ident in ids:
+        events = await history(store, ident)
+        kinds = [ev.kind for ev in events]
+        assert kinds == ["pending", "running", "completed"], (ident, kinds)
+        handed += bool(events[1].data.get("handoff"))
+    assert 0 < handed < len(ids)  # both ways were taken
+    running: dict[str, int] = {}
+    most: dict[str, int] = {}
+    for line in marks.read_text().splitlines():
+        pid, step, _ = line.split()
+        running[pid] = running.get(pid, 0) + int(step)
+        most[pid] = max(most.get(pid, 0), running[pid])
+    assert set(running.values()) == {0}
+    assert max(most.values()) <= 2, most
+    print(f"{handed} of {len(ids)} handed off; most at once per process: {most}")
+
+
+async def _all_done(store: Store, ids: list[uuid.UUID]) -> bool:
+    for ident in ids:
+        e = await store.execution_get(ident)
+        if e is None or e.status is not Status.COMPLETED:
+            return False
+    return True

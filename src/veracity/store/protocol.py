@@ -311,6 +311,11 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
         takes an offer (docs/workers.md, "Hand-off to an idle worker"). Only when
         ``supports_handoff``."""
 
+    async def offer_refresh(self, owner: str, *, expires_in: timedelta) -> bool:
+        """Make the worker's offer last ``expires_in`` from now: True if it was still
+        there; False if a submission took it (or there was none), and then no new one is
+        made (post one with :meth:`offer_post` once that hand-off is heard)."""
+
     async def execution_leased_to(self, owner: str) -> list[Execution]:
         """The running executions whose unexpired lease ``owner`` holds, in id order."""
 

@@ -477,18 +477,31 @@ class Worker:
 
     async def _offer(self) -> None:
         """Found nothing more to claim: offer to take the next submission directly, while
-        a slot is free and we hear hand-offs (posted again each time, so an offer outlives
-        the poll interval only by a second)."""
+        a slot is free and we hear hand-offs; an offer out already is made to last longer
+        (so that it outlives the poll interval only by a second), never replaced: one
+        taken meanwhile is owed its slot, and a new one would be owed another."""
         if (not self._handoff_enabled() or not self._listening or self._stopping.is_set()
                 or time.monotonic() < self._awaiting_handoff
                 or self._busy() >= self.settings.concurrency):
+            return
+        expires_in = timedelta(seconds=self.settings.poll_interval + 1.0)
+        if self._offered:
+            heard = self._handed
+            try:
+                still = await self.store.offer_refresh(self.id, expires_in=expires_in)
+            except Exception as exc:
+                self._trouble.warning("db", "refreshing the offer failed: %s", exc)
+                return
+            if not still:
+                self._offered = False
+                if self._handed == heard:  # taken: its notification is on its way
+                    self._awaiting_handoff = time.monotonic() + HANDOFF_GRACE
             return
         self._offered = True  # before the write: a hand-off heard meanwhile clears it
         try:
             await self.store.offer_post(
                 self.id, deployment_id=self.deployment_id, ffqns=self._offer_ffqns,
-                lease_ttl=self.ttl,
-                expires_in=timedelta(seconds=self.settings.poll_interval + 1.0))
+                lease_ttl=self.ttl, expires_in=expires_in)
         except Exception as exc:
             # not known to be posted: one expires on its own, and withdrawing it first
             # keeps the slot count right

@@ -1236,6 +1236,15 @@ ON CONFLICT (owner) DO UPDATE SET
     expires_at = EXCLUDED.expires_at
 RETURNING owner
 
+-- name: offer_refresh
+-- The worker's offer made to last longer, if it is still there: no row answered means a
+-- submission took it (its notification is on its way), and no new offer is made in its
+-- place here (the worker would then be owed two hand-offs for one kept slot).
+UPDATE veracity_offers
+SET expires_at = coalesce(%(now)s::timestamptz, now()) + %(expires_in)s::interval
+WHERE owner = %(owner)s
+RETURNING owner
+
 -- name: offer_withdraw
 -- Answers a row if the offer was still there (no submission took it). Waits for a
 -- submission that holds it to commit: if that one took it, it is gone by then.

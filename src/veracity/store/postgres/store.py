@@ -793,5 +793,9 @@ class PostgresStore(SharedMethods):
             "channel": handoff_channel(owner), "ttl": lease_ttl, "expires_in": expires_in,
             "now": self._now()})
 
+    async def offer_refresh(self, owner: str, *, expires_in: timedelta) -> bool:
+        return bool(await self._fetchall("offer_refresh", {
+            "owner": owner, "expires_in": expires_in, "now": self._now()}))
+
     async def offer_withdraw(self, owner: str) -> bool:
         return bool(await self._fetchall("offer_withdraw", {"owner": owner}))

@@ -771,6 +771,9 @@ class SqliteStore(SharedMethods):
                          lease_ttl: timedelta, expires_in: timedelta) -> None:
         raise NotImplementedError("SQLite has no hand-offs (they need notifications)")
 
+    async def offer_refresh(self, owner: str, *, expires_in: timedelta) -> bool:
+        raise NotImplementedError("SQLite has no hand-offs (they need notifications)")
+
     async def offer_withdraw(self, owner: str) -> bool:
         raise NotImplementedError("SQLite has no hand-offs (they need notifications)")
 
