@@ -461,8 +461,11 @@ class Worker:
                     pass
         finally:
             if self._offered:  # stopping: take no more hand-offs
+                # bounded: a stop never waits long on the database (the offer ends on its
+                # own within poll_interval + 1 s; one taken meanwhile is recovered)
                 with contextlib.suppress(Exception):
-                    await self._withdraw_offer()
+                    async with asyncio.timeout(HANDOFF_GRACE * 2):
+                        await self._withdraw_offer()
 
     # -- hand-offs (docs/workers.md, "Hand-off to an idle worker") -------------------------
 
@@ -523,9 +526,10 @@ class Worker:
         """Listening again after the connection was lost: a hand-off taken meanwhile was
         never heard. Withdraw the offer, and run what is leased to us and not running."""
         try:
-            if self._offered:
-                await self._withdraw_offer()
-            held = await self.store.execution_leased_to(self.id)
+            async with asyncio.timeout(5.0):  # the listener never waits long on it
+                if self._offered:
+                    await self._withdraw_offer()
+                held = await self.store.execution_leased_to(self.id)
         except Exception as exc:
             self._trouble.warning("db", "looking for unheard hand-offs failed: %s", exc)
             return
