@@ -21,6 +21,10 @@ from veracity.models import Claim, Execution, NewExecution
 from veracity.store import Store
 
 TTL = timedelta(seconds=60)
+POSTGRESQL = pytest.mark.parametrize("backend", ["postgresql"])
+"""Hand-offs are PostgreSQL's: these tests run on it alone (SQLite's refusal:
+test_sqlite_has_no_handoffs)."""
+SQLITE = pytest.mark.parametrize("backend", ["sqlite"])
 OFFER_FOR = timedelta(seconds=2)
 FFQN = "app.handoff.run"
 DEPLOYMENT = "dep-1"
@@ -35,8 +39,6 @@ async def offer(store: Store, owner: str = "w1", *, ffqns: tuple[str, ...] = (FF
 @pytest.fixture
 async def heard(store: Store) -> AsyncIterator[asyncio.Queue[Execution | None]]:
     """What worker w1's listening connection hears (its hand-offs, and wake-ups)."""
-    if not store.supports_handoff:
-        pytest.skip("no hand-offs on this backend (test_sqlite_has_no_handoffs)")
     queue: asyncio.Queue[Execution | None] = asyncio.Queue()
     notes = store.pending_notifications(handoff_to="w1")
     assert await anext(notes) is None  # listening
@@ -61,10 +63,9 @@ async def next_handoff(queue: asyncio.Queue[Execution | None]) -> Execution:
             return note
 
 
+@SQLITE
 async def test_sqlite_has_no_handoffs(store: Store) -> None:
-    if store.supports_handoff:
-        assert store.backend == "postgresql"
-        return
+    assert store.supports_handoff is False
     with pytest.raises(NotImplementedError, match="no hand-offs"):
         await offer(store)
     with pytest.raises(NotImplementedError, match="no hand-offs"):
@@ -75,6 +76,7 @@ async def test_sqlite_has_no_handoffs(store: Store) -> None:
     assert submitted.execution.status is Status.PENDING
 
 
+@POSTGRESQL
 async def test_a_submission_matching_an_offer_is_written_claimed_by_its_worker(
     store: Store, heard: asyncio.Queue[Execution | None], clock: ManualClock
 ) -> None:
@@ -101,6 +103,7 @@ async def test_a_submission_matching_an_offer_is_written_claimed_by_its_worker(
     assert await store.offer_withdraw("w1") is False
 
 
+@POSTGRESQL
 async def test_the_handed_lease_is_fenced_as_a_claims(
     store: Store, heard: asyncio.Queue[Execution | None]
 ) -> None:
@@ -133,6 +136,7 @@ NOT_TAKEN = {
 }
 
 
+@POSTGRESQL
 async def test_the_largest_handed_row_fits_a_notification(
     store: Store, heard: asyncio.Queue[Execution | None], raw: RawSQL
 ) -> None:
@@ -157,6 +161,7 @@ async def test_the_largest_handed_row_fits_a_notification(
 
 
 @pytest.mark.parametrize("case", sorted(NOT_TAKEN))
+@POSTGRESQL
 async def test_an_offer_is_not_taken_by_what_its_worker_would_not_claim_now(
     store: Store, heard: asyncio.Queue[Execution | None], clock: ManualClock, raw: RawSQL,
     case: str
@@ -183,6 +188,7 @@ def _drain(queue: asyncio.Queue[Execution | None]) -> list[Execution | None]:
     return out
 
 
+@POSTGRESQL
 async def test_an_expired_offer_is_not_taken(
     store: Store, heard: asyncio.Queue[Execution | None], clock: ManualClock
 ) -> None:
@@ -196,6 +202,7 @@ async def test_an_expired_offer_is_not_taken(
         Status.RUNNING
 
 
+@POSTGRESQL
 async def test_a_submission_whose_key_exists_leaves_the_offer(
     store: Store, heard: asyncio.Queue[Execution | None], raw: RawSQL
 ) -> None:
@@ -211,6 +218,7 @@ async def test_a_submission_whose_key_exists_leaves_the_offer(
     assert (await next_handoff(heard)).idempotency_key == "k2"
 
 
+@POSTGRESQL
 async def test_two_submissions_never_take_one_offer(
     store: Store, heard: asyncio.Queue[Execution | None], open_extra_store: StoreFactory
 ) -> None:
@@ -225,6 +233,7 @@ async def test_two_submissions_never_take_one_offer(
         assert await next_handoff(heard) == running[0]
 
 
+@POSTGRESQL
 async def test_a_batch_takes_no_offer(
     store: Store, heard: asyncio.Queue[Execution | None], raw: RawSQL
 ) -> None:
@@ -234,6 +243,7 @@ async def test_a_batch_takes_no_offer(
     assert raw.scalar("SELECT count(*) FROM veracity_offers") == 1
 
 
+@POSTGRESQL
 async def test_an_offer_posted_again_replaces_the_workers_last(
     store: Store, heard: asyncio.Queue[Execution | None], raw: RawSQL
 ) -> None:
@@ -246,6 +256,7 @@ async def test_an_offer_posted_again_replaces_the_workers_last(
         Status.RUNNING
 
 
+@POSTGRESQL
 async def test_offers_long_expired_are_removed_when_one_is_posted(
     store: Store, clock: ManualClock, raw: RawSQL, heard: asyncio.Queue[Execution | None]
 ) -> None:
@@ -259,6 +270,7 @@ async def test_offers_long_expired_are_removed_when_one_is_posted(
     assert raw.execute("SELECT owner FROM veracity_offers") == [("w2",)]
 
 
+@POSTGRESQL
 async def test_a_worker_stopped_or_gone_has_no_offer(
     store: Store, raw: RawSQL, heard: asyncio.Queue[Execution | None]
 ) -> None:
@@ -289,6 +301,7 @@ async def test_what_is_leased_to_a_worker(store: Store, clock: ManualClock) -> N
     assert await store.execution_leased_to("nobody") == []
 
 
+@POSTGRESQL
 async def test_an_offer_is_refreshed_while_it_is_there_and_never_made_anew(
     store: Store, heard: asyncio.Queue[Execution | None], clock: ManualClock, raw: RawSQL
 ) -> None:

@@ -96,9 +96,9 @@ async def running(worker: Worker) -> AsyncIterator[None]:
         await asyncio.wait_for(task, timeout=10)
 
 
-def pg_only(database_url: str) -> None:
-    if not database_url.startswith("postgresql"):
-        pytest.skip("hand-offs are PostgreSQL's (SQLite: test_an_idle_worker_starts_a_submission)")
+POSTGRESQL = pytest.mark.parametrize("backend", ["postgresql"])
+"""Hand-offs are PostgreSQL's: these tests run on it alone (on SQLite the same submission
+is claimed: test_an_idle_worker_starts_a_submission)."""
 
 
 async def test_an_idle_worker_starts_a_submission(database_url: str, store: Store) -> None:
@@ -122,8 +122,8 @@ async def test_an_idle_worker_starts_a_submission(database_url: str, store: Stor
         assert worker.handed_total == 0
 
 
+@POSTGRESQL
 async def test_a_worker_hands_off_one_after_another(database_url: str, store: Store) -> None:
-    pg_only(database_url)
     worker = Worker(store, app, settings=SETTINGS, deployment_id=DEPLOYMENT)
     async with running(worker):
         ids = []
@@ -136,8 +136,8 @@ async def test_a_worker_hands_off_one_after_another(database_url: str, store: St
         assert handed_flags(await history(store, ident)) == [True]
 
 
+@POSTGRESQL
 async def test_no_offer_with_handoff_turned_off(database_url: str, store: Store) -> None:
-    pg_only(database_url)
     settings = SETTINGS.model_copy(update={"handoff": False, "poll_interval": 0.2})
     worker = Worker(store, app, settings=settings, deployment_id=DEPLOYMENT)
     async with running(worker):
@@ -154,8 +154,8 @@ async def _registered(store: Store, worker: Worker) -> bool:
     return any(w.id == worker.id for w in await store.worker_list())
 
 
+@POSTGRESQL
 async def test_a_stopped_worker_leaves_no_offer(database_url: str, store: Store) -> None:
-    pg_only(database_url)
     worker = Worker(store, app, settings=SETTINGS, deployment_id=DEPLOYMENT)
     async with running(worker):
         await offered(database_url, worker)
@@ -184,6 +184,7 @@ class HeldHandoffs:
             yield note
 
 
+@POSTGRESQL
 async def test_a_slot_is_kept_for_a_taken_offer_not_heard_yet(
     database_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,7 +192,6 @@ async def test_a_slot_is_kept_for_a_taken_offer_not_heard_yet(
     it was taken when it withdraws it, and claims nothing until the hand-off arrives: never
     two at once. (The slot is kept for up to HANDOFF_GRACE, made long here so that a slow
     machine cannot end it before the test releases the hand-off.)"""
-    pg_only(database_url)
     monkeypatch.setattr(runner, "HANDOFF_GRACE", 30.0)
     held = HeldHandoffs(store)
     settings = SETTINGS.model_copy(update={"concurrency": 1})
@@ -222,11 +222,11 @@ async def _is(value: bool) -> bool:
     return value
 
 
-async def test_a_busy_worker_offers_nothing_and_hands_back_its_slot_count(
+@POSTGRESQL
+async def test_a_busy_worker_offers_only_a_free_slot(
     database_url: str, store: Store
 ) -> None:
     """Concurrency 2: with one running, one slot is free and offered; with two, none."""
-    pg_only(database_url)
     settings = SETTINGS.model_copy(update={"concurrency": 2})
     worker = Worker(store, app, settings=settings, deployment_id=DEPLOYMENT)
     async with running(worker):
@@ -249,13 +249,13 @@ async def test_a_busy_worker_offers_nothing_and_hands_back_its_slot_count(
 
 
 @pytest.mark.timeout(60)
+@POSTGRESQL
 async def test_a_submission_handed_to_a_worker_killed_with_9_is_recovered(
     database_url: str, store: Store, procs: Processes, tmp_path: Path
 ) -> None:
     """The worker dies with its offer out; the next submission is written claimed by it
     (one execution per offer), and a live worker's recovery, seeing the process gone,
     gives it back at once (docs/workers.md, "A worker whose process is gone")."""
-    pg_only(database_url)
     env = {"VERACITY_LEASE_TTL": "60", "VERACITY_RECOVERY_INTERVAL": "0.3",
            "VERACITY_POLL_INTERVAL": "5"}  # its offer lives 6 s
     a = procs.worker(database_url, "A", env=env)
@@ -282,12 +282,12 @@ async def _done(store: Store, ident: uuid.UUID) -> bool:
     return e is not None and e.status is Status.COMPLETED
 
 
+@POSTGRESQL
 async def test_a_handoff_heard_while_stopping_is_given_back(
     database_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Taken just before the stopping worker withdrew its offer: the worker waits for it
     (up to HANDOFF_GRACE, long here) and releases it to pending, for another worker."""
-    pg_only(database_url)
     monkeypatch.setattr(runner, "HANDOFF_GRACE", 30.0)
     held = HeldHandoffs(store)
     worker = Worker(held, app, settings=SETTINGS, deployment_id=DEPLOYMENT)
@@ -328,12 +328,12 @@ class LostHandoff:
             yield note
 
 
+@POSTGRESQL
 async def test_a_handoff_whose_notification_was_lost_runs_when_the_worker_listens_again(
     database_url: str, store: Store
 ) -> None:
     """Its lease (60 s here) would have let it wait for recovery: the worker, listening
     again, finds what is leased to it and not running, and runs it."""
-    pg_only(database_url)
     lost = LostHandoff(store)
     settings = SETTINGS.model_copy(update={"lease_ttl": 60, "heartbeat_interval": 5})
     worker = Worker(lost, app, settings=settings, deployment_id=DEPLOYMENT)
@@ -349,6 +349,7 @@ async def test_a_handoff_whose_notification_was_lost_runs_when_the_worker_listen
 
 
 @pytest.mark.timeout(90)
+@POSTGRESQL
 async def test_many_submissions_to_idle_workers_run_once_each_within_the_concurrency(
     database_url: str, store: Store, procs: Processes, tmp_path: Path
 ) -> None:
@@ -358,7 +359,6 @@ async def test_many_submissions_to_idle_workers_run_once_each_within_the_concurr
     workflows' code at once. (This found a worker that, refreshing an offer a submission
     had just taken, posted a new one: two hand-offs owed for one kept slot, and three
     running at once in two runs of three.)"""
-    pg_only(database_url)
     marks = tmp_path / "spans.txt"
     env = {"VERACITY_WORKER_CONCURRENCY": "2", "VERACITY_POLL_INTERVAL": "5"}
     workers = [procs.worker(database_url, name, env=env) for name in "ABC"]
