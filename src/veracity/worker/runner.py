@@ -496,9 +496,7 @@ class Worker:
                 self._trouble.warning("db", "refreshing the offer failed: %s", exc)
                 return
             if not still:
-                self._offered = False
-                if self._handed == heard:  # taken: its notification is on its way
-                    self._awaiting_handoff = time.monotonic() + HANDOFF_GRACE
+                self._offer_gone(heard)
             return
         self._offered = True  # before the write: a hand-off heard meanwhile clears it
         try:
@@ -518,8 +516,15 @@ class Worker:
         except BaseException:
             self._offered = True  # still possibly out
             raise
-        if not kept and self._handed == heard:
-            # a submission took it: its notification is on its way
+        if not kept:
+            self._offer_gone(heard)
+
+    def _offer_gone(self, heard: int) -> None:
+        """Our offer was not there any more: unless a hand-off was heard since ``heard``
+        (the count then), a submission took it and its notification is on its way; a slot
+        is kept for it (HANDOFF_GRACE)."""
+        self._offered = False
+        if self._handed == heard:
             self._awaiting_handoff = time.monotonic() + HANDOFF_GRACE
 
     async def _adopt_unheard(self) -> None:
