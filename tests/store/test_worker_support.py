@@ -105,6 +105,37 @@ async def test_complete_many_nothing_to_do(store: Store) -> None:
     assert await store.execution_complete_many_if_owned("w", []) == []
 
 
+# Values a batch carries inside its one JSON parameter (queries.sql): NUL characters, quotes,
+# backslashes, lone surrogates' escapes, non-ASCII, large and exact numbers
+AWKWARD: list[object] = [
+    "nul\x00inside", {"k\x00": ["\\", '"', "\\u0000", "ü€😀"]}, 2**70, 0.1, -0.0, 1e300,
+    [None, True, False, {}, []],
+]
+
+
+async def test_batched_writes_keep_every_value_as_given(store: Store) -> None:
+    """Completions, failures and checkpoints written in batches store each value exactly,
+    the awkward ones too, and their events say so."""
+    claims = [await submit_and_claim(store, "w", f"app.awkward{i}") for i in range(len(AWKWARD))]
+    journal = await store.execution_checkpoint_many_if_owned(
+        "w", [(c, "step_completed", {"result": v}) for c, v in zip(claims, AWKWARD, strict=True)])
+    assert all(r.applied for r in journal)
+    done = await store.execution_complete_many_if_owned(
+        "w", list(zip(claims[:-1], AWKWARD[:-1], strict=True)))
+    assert [r.applied for r in done] == [True] * (len(AWKWARD) - 1)
+    error = {"code": "workflow_error", "message": "nul\x00 and \\ \"quoted\""}
+    failed = await store.execution_fail_if_owned(claims[-1], error)
+    assert failed.applied
+    for claim, value in zip(claims[:-1], AWKWARD[:-1], strict=True):
+        got = await get(store, claim.execution_id)
+        assert got.status is Status.COMPLETED and got.result == value
+        assert type(got.result) is type(value)
+        history = await store.history_list(claim.execution_id)
+        assert history[-2].data == {"result": value}
+    got = await get(store, claims[-1].execution_id)
+    assert got.status is Status.FAILED and got.error == error
+
+
 async def test_complete_many_refuses_a_batch_with_another_owners_claim(store: Store) -> None:
     mine = await submit_and_claim(store, "w", "app.one")
     theirs = await submit_and_claim(store, "other", "app.two")
