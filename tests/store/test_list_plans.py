@@ -342,6 +342,56 @@ def test_a_workers_scans_read_what_is_due_not_every_row_in_that_state(
     assert 16 <= read <= 4 * 16, (read, _conditions(top))
 
 
+@pytest.mark.parametrize("plans", PLANS)
+@pytest.mark.parametrize("name", ["execution_by_key_or_id", "execution_by_keys_or_ids"])
+def test_a_key_is_found_through_the_partial_key_index(filled: str, name: str,
+                                                     plans: str) -> None:
+    """Since migration 0016 only the rows that have an idempotency key are in its unique
+    index (veracity_executions_key, partial): a submission that finds its key taken still
+    reads the one row, through that index, planned for the values or once for any."""
+    import uuid
+
+    with psycopg.connect(filled, prepare_threshold=None) as conn:
+        conn.execute(
+            "INSERT INTO veracity_executions (id, ffqn, params, status, deployment_id, "
+            "scheduled_at, created_at, updated_at, history_seq, idempotency_key) "
+            "SELECT gen_random_uuid(), 'shop:orders/process.run', '[]', 'pending', 'dep-1', "
+            "now(), now(), now(), 1, 'key-' || i FROM generate_series(1, 100) AS i")
+        params: dict[str, Any] = (
+            {"idempotency_key": "key-7", "id": uuid.uuid4()}
+            if name == "execution_by_key_or_id"
+            else {"keys": ["key-7", "key-8"], "ids": [uuid.uuid4()]})
+        top = run_plan(conn, _q(name), params, plans)
+        conn.rollback()
+    found = scans(top)
+    assert found and not any(n["Node Type"] == "Seq Scan" for n in found), found
+    assert "veracity_executions_key" in json.dumps(top), _conditions(top)
+    read = sum((n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"]
+               for n in found)
+    assert read == (1 if name == "execution_by_key_or_id" else 2), read
+
+
+def test_the_key_index_holds_only_rows_with_a_key(filled: str) -> None:
+    """The unique index over keys is partial (migration 0016): the 20,000 rows without a
+    key are not in it, and a key is still unique."""
+    with psycopg.connect(filled) as conn:
+        (definition,), = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'veracity_executions_key'"
+        ).fetchall()
+        assert "UNIQUE" in definition and "WHERE (idempotency_key IS NOT NULL)" in definition
+        assert conn.execute(
+            "SELECT count(*) FROM pg_constraint "
+            "WHERE conname = 'veracity_executions_idempotency_key_key'").fetchone() == (0,)
+        insert = ("INSERT INTO veracity_executions (id, ffqn, params, status, deployment_id, "
+                  "scheduled_at, created_at, updated_at, history_seq, idempotency_key) "
+                  "VALUES (gen_random_uuid(), 'a:b/c.run', '[]', 'pending', 'd', now(), "
+                  "now(), now(), 1, 'same')")
+        conn.execute(insert)
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute(insert)
+        conn.rollback()
+
+
 def test_a_workers_sessions_plan_once_and_the_servers_for_each_values(filled: str) -> None:
     """``veracity worker`` opens its store with generic plans (its statements' plans are
     checked above, both ways); every other store plans for the values, which the list's
