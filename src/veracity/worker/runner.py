@@ -698,17 +698,21 @@ class Worker:
 
     async def _run_workflow(self, wf: WorkflowDef, run: Run, ctx: Context) -> None:
         claim = run.claim
-        limit = asyncio.timeout(wf.timeout.total_seconds() if wf.timeout else None)
+        # no timeout: no asyncio.timeout either (a few µs of every no-op's run)
+        limit = asyncio.timeout(wf.timeout.total_seconds()) if wf.timeout else None
         try:
-            async with limit:
+            if limit is None:
                 value = await wf.fn(ctx, *run.execution.params)
+            else:
+                async with limit:
+                    value = await wf.fn(ctx, *run.execution.params)
         except (ExecutionInterrupted, ExecutionSuspended):
             if ctx.nondeterminism is not None:
                 await self._fail(claim, workflow_error("nondeterminism", ctx.nondeterminism))
                 return
             raise
         except Exception as exc:
-            timed_out = isinstance(exc, TimeoutError) and wf.timeout is not None \
+            timed_out = isinstance(exc, TimeoutError) and limit is not None \
                 and limit.expired()
             # its own error ends the run: recorded calls it never reached are a divergence
             # too (not after its timeout, which may stop it before the end of its history)
@@ -727,13 +731,14 @@ class Worker:
         await ctx.settle()
         await self._complete(claim, value)
 
-    async def _fail_with(self, run: Run, wf: WorkflowDef, limit: asyncio.Timeout,
+    async def _fail_with(self, run: Run, wf: WorkflowDef, limit: asyncio.Timeout | None,
                          exc: Exception) -> None:
         """The workflow raised: retry it if its policy says so (its own error or its
         timeout), else record why, with the code that names the cause."""
         claim = run.claim
         retryable = True
-        if isinstance(exc, TimeoutError) and wf.timeout is not None and limit.expired():
+        if (isinstance(exc, TimeoutError) and wf.timeout is not None and limit is not None
+                and limit.expired()):
             error = workflow_error("timeout", exc, "workflow ran longer than its timeout of "
                                    f"{wf.timeout.total_seconds():g}s")
         elif isinstance(exc, NondeterminismError):

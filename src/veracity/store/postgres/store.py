@@ -502,7 +502,7 @@ class PostgresStore(SharedMethods):
                     for i in unique]),
                 "owner": owner,
                 "from_states": _status_array(
-                    sorted({s for i in unique for s in owned_sources(i.to)})),
+                    sorted({s for to in {i.to for i in unique} for s in owned_sources(to)})),
                 "now": self._now(),
             },
         )
