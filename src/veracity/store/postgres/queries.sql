@@ -327,6 +327,11 @@ WITH input AS (
         history_seq = e.history_seq + 1
     FROM input
     WHERE e.id = input.id
+      -- the same ids as an array too: the planner then finds the rows through the primary
+      -- key whatever it believes of the table's size (without statistics, as after a new
+      -- deployment's first burst, it read the whole table for every batch and joined it
+      -- by hash: tests/store/test_list_plans.py)
+      AND e.id = ANY (ARRAY(SELECT id FROM input))
       -- The guards inside a CASE: a status the planner can read from the WHERE lets it
       -- prove the partial indexes' predicates and, with statistics gathered when few rows
       -- ran, join through one, reading every running row of every worker per batch; this
@@ -812,6 +817,7 @@ WITH input AS (
     UPDATE veracity_executions AS e SET history_seq = e.history_seq + 1
     FROM input
     WHERE e.id = input.id
+      AND e.id = ANY (ARRAY(SELECT id FROM input))  -- (see execution_leave_many_if_owned)
       -- the fence inside a CASE (on a condition that is not constant, or the planner
       -- folds it away), to find each row by primary key (see execution_leave_many_if_owned)
       AND CASE WHEN e.lease_owner = %(owner)s THEN veracity_holds_lease(
