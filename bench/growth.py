@@ -7,7 +7,7 @@ executions straight into the tables (99 % ``completed``, 1 % ``failed``, 0.1 %
 the last 40 days, then VACUUM ANALYZE. At each size:
 
 - claims: ``--executions`` no-op executions (default 5,000) inserted pending, then one
-  ``veracity worker`` process at the default settings (``worker.concurrency`` 128) drains
+  ``veracity worker`` process at the default settings (``worker.concurrency`` 256) drains
   them; the rate is N over the time from the first claim to the last completion, both the
   database's clock (as bench/workers.py). Each run starts right after a ``CHECKPOINT``
   (``_checkpoint``). Median of ``--runs`` runs (default 2).

@@ -1,7 +1,7 @@
 """How Veracity's workers scale on one PostgreSQL (docs/scaling.md).
 
 For 1, 2 and 4 ``veracity worker`` processes at their defaults (``worker.concurrency``
-128), each run alone in a scratch database: ``--executions`` no-op executions inserted, the workers
+256), each run alone in a scratch database: ``--executions`` no-op executions inserted, the workers
 started; then
 
 - executions/s: N over the first claim to the last completion, both the database's clock

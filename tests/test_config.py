@@ -46,7 +46,7 @@ def test_defaults() -> None:
     assert s.database_url == "sqlite:///./veracity.db"
     assert (s.app, s.host, s.port, s.deployment_id) == (None, "127.0.0.1", 8000, None)
     assert (s.max_payload_bytes, s.log_level) == (1048576, "info")
-    assert s.worker.concurrency == 128
+    assert s.worker.concurrency == 256
     assert s.worker.lease_ttl == 120.0
     assert s.worker.heartbeat_interval is None
     assert (s.worker.poll_interval, s.worker.shutdown_grace) == (1.0, 10.0)

@@ -215,8 +215,9 @@ SYSTEMS = [
            "SELECT count(*) FROM veracity_executions WHERE status <> 'completed'",
            has_steps=True, via="database"),
     # Veracity's defaults are also the settings docs/scaling.md recommends for short async
-    # workflows (worker.concurrency 128; 256 showed no clear gain, again on 2026-12-06 with
-    # the slot given back at the code's end: bench/README.md): no separate tuned row
+    # workflows (worker.concurrency 256, each claim of at most half: the default since
+    # 2026-12-06, when it drained more than 128 with claims of every slot did,
+    # docs/workers.md): no separate tuned row
     System("PGQueuer", "pgqueuer", "SELECT count(*) FROM pgqueuer"),
     System("Procrastinate", "procrastinate",
            "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"),

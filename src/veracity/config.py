@@ -175,7 +175,7 @@ class _Model(BaseModel):
 class WorkerSettings(_Model):
     """How a worker claims and keeps executions (docs/workers.md)."""
 
-    concurrency: int = Field(default=128, ge=1, le=10000)
+    concurrency: int = Field(default=256, ge=1, le=10000)
     lease_ttl: Duration = Field(default=120.0, gt=0)
     # Declared after lease_ttl so its validator can compare against it.
     heartbeat_interval: Duration | None = Field(default=None, gt=0)

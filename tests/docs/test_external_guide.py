@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -56,13 +57,17 @@ def test_the_documented_fake_n8n_walkthrough_works(tmp_path: Path, procs: Proces
         process.folder = tmp_path
         process.start()
 
+    # both up before the submission, as the walkthrough's reader sees them (the fake says
+    # it is listening): a trigger sent before the fake listens is a failed trigger (a
+    # loaded test machine once took longer to start the fake than the server)
     deadline = time.monotonic() + 20
     with httpx.Client(timeout=2) as client:
         while True:
             try:
                 if client.get(f"http://127.0.0.1:{api_port}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
+                    with socket.create_connection(("127.0.0.1", fake_port), timeout=2):
+                        break
+            except (httpx.TransportError, OSError):
                 pass
             assert time.monotonic() < deadline, procs.describe()
             time.sleep(0.1)

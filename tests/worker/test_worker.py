@@ -30,7 +30,14 @@ from veracity.maintenance.recovery import RecoveryService
 from veracity.models import JSON, Claim, Execution, NewExecution, TransitionResult
 from veracity.store import Store, open_store
 from veracity.worker.context import STEP_COMPLETED, step_name
-from veracity.worker.runner import SHUTDOWN_REASON, Completer, RateLimitedLog, Run, Worker
+from veracity.worker.runner import (
+    SHUTDOWN_REASON,
+    Completer,
+    RateLimitedLog,
+    Run,
+    Worker,
+    claim_limit,
+)
 
 SETTINGS = WorkerSettings(
     lease_ttl=2, heartbeat_interval=0.2, poll_interval=0.05, concurrency=4, shutdown_grace=1
@@ -411,6 +418,45 @@ async def test_the_limit_holds_with_slow_runs(store: Store) -> None:
             gate(f"k{i}:1").set()
         for ex in held:
             await wait_status(store, ex.id, Status.COMPLETED)
+
+
+class _RecordedClaims:
+    """The store, recording the limit of every claim and how many it took."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.claims: list[tuple[int, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def execution_claim(self, owner: str, ffqns: Sequence[str], *, limit: int,
+                              **kwargs: Any) -> list[Execution]:
+        got = await self._store.execution_claim(owner, ffqns, limit=limit, **kwargs)
+        self.claims.append((limit, len(got)))
+        return got
+
+
+@pytest.mark.parametrize(("concurrency", "most"), [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3)])
+def test_a_claim_takes_at_most_half_the_slots(concurrency: int, most: int) -> None:
+    assert claim_limit(concurrency) == most
+
+
+async def test_claims_of_half_the_slots_still_fill_them_all(store: Store) -> None:
+    """With four slots each claim takes at most two (docs/workers.md, "Concurrency"), and
+    the worker claims again at once: four gated runs hold all four slots."""
+    recorded = _RecordedClaims(store)
+    held = [await submit(store, "wt:gated/run.fn", f"h{i}") for i in range(6)]
+    worker = make_worker(cast(Store, recorded))  # concurrency 4
+    async with running(worker):
+        await until(lambda: _true(len(worker.runs) == 4), what="four runs")
+        assert all(limit <= 2 for limit, _ in recorded.claims), recorded.claims
+        assert sum(took for _, took in recorded.claims) == 4, recorded.claims
+        for i in range(6):
+            gate(f"h{i}:1").set()
+        for ex in held:
+            await wait_status(store, ex.id, Status.COMPLETED)
+    assert all(limit <= 2 for limit, _ in recorded.claims), recorded.claims
 
 
 class _HeldCompletions:

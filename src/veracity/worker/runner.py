@@ -69,6 +69,14 @@ HANDOFF_GRACE = 1.0
 (its notification was sent when the submission committed, before the worker learnt it)."""
 
 
+def claim_limit(concurrency: int) -> int:
+    """The most one claim takes: half the worker's slots, rounded up (docs/workers.md,
+    "Concurrency"). Its next claim is then on its way to the database while the executions
+    of the last one run, instead of after them; claims of all the slots at once left the
+    worker idle for each claim's round trip."""
+    return (concurrency + 1) // 2
+
+
 class RateLimitedLog:
     """Says a recurring problem once per interval (with how often it happened), not once
     per attempt."""
@@ -432,6 +440,7 @@ class Worker:
                     await self._slot_freed.wait()
                     continue
                 self._wake.clear()  # before the claim: a hint arriving during it is kept
+                free = min(free, claim_limit(self.settings.concurrency))
                 try:
                     batch = await self.store.execution_claim(
                         self.id, self.ffqns, limit=free, lease_ttl=self.ttl,
