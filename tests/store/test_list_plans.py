@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import psycopg
@@ -80,9 +82,9 @@ def scans(node: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-@pytest.fixture(scope="module")
-def filled(pg_server_url: str) -> Any:
-    """One migrated database with the rows, shared by this module's tests (read only)."""
+@contextmanager
+def migrated_database(server_url: str) -> Iterator[str]:
+    """A new database with Veracity's tables, dropped at the end."""
     import uuid
 
     from tests._pg import create_database, drop_database, with_database
@@ -90,8 +92,8 @@ def filled(pg_server_url: str) -> Any:
     from veracity.store import open_store
 
     name = f"veracity_plans_{uuid.uuid4().hex[:12]}"
-    create_database(pg_server_url, name)
-    url = with_database(pg_server_url, name)
+    create_database(server_url, name)
+    url = with_database(server_url, name)
 
     async def migrate() -> None:
         store = await open_store(url)
@@ -102,12 +104,19 @@ def filled(pg_server_url: str) -> Any:
 
     try:
         run_async(migrate())
+        yield url
+    finally:
+        drop_database(server_url, name)
+
+
+@pytest.fixture(scope="module")
+def filled(pg_server_url: str) -> Iterator[str]:
+    """One migrated database with the rows, shared by this module's tests (read only)."""
+    with migrated_database(pg_server_url) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(FILL, {"rows": ROWS})
             conn.execute("ANALYZE veracity_executions")
         yield url
-    finally:
-        drop_database(pg_server_url, name)
 
 
 @pytest.mark.parametrize(("name", "params"), FILTERS, ids=[f[0] for f in FILTERS])
@@ -440,29 +449,11 @@ BATCH = 128
 
 
 @pytest.fixture(scope="module")
-def small(pg_server_url: str) -> Any:
+def small(pg_server_url: str) -> Iterator[str]:
     """A migrated database that got 30,000 executions since it was made, before autovacuum
     analyzed it (as a new deployment's first burst does): without statistics, reading the
     whole table looks cheap to the planner."""
-    import uuid
-
-    from tests._pg import create_database, drop_database, with_database
-    from tests.conftest import run_async
-    from veracity.store import open_store
-
-    name = f"veracity_plans_{uuid.uuid4().hex[:12]}"
-    create_database(pg_server_url, name)
-    url = with_database(pg_server_url, name)
-
-    async def migrate() -> None:
-        store = await open_store(url)
-        try:
-            await store.migrate()
-        finally:
-            await store.close()
-
-    try:
-        run_async(migrate())
+    with migrated_database(pg_server_url) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(FILL, {"rows": 30_000 - 2 * BATCH})
             _pending_unknown_to_statistics(conn, BATCH)
@@ -474,8 +465,6 @@ def small(pg_server_url: str) -> Any:
                 "now(), now(), now(), now(), 2, 'w1', 1, now() + interval '1 hour' "
                 "FROM generate_series(1, %(n)s)", {"n": BATCH})
         yield url
-    finally:
-        drop_database(pg_server_url, name)
 
 
 @pytest.mark.parametrize("plans", PLANS)
