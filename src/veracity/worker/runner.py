@@ -709,12 +709,11 @@ class Worker:
         claim = run.claim
         # no timeout: no asyncio.timeout either (a few µs of every no-op's run)
         limit = asyncio.timeout(wf.timeout.total_seconds()) if wf.timeout else None
+        bound: contextlib.AbstractAsyncContextManager[Any] = (
+            limit if limit is not None else contextlib.nullcontext())
         try:
-            if limit is None:
+            async with bound:
                 value = await wf.fn(ctx, *run.execution.params)
-            else:
-                async with limit:
-                    value = await wf.fn(ctx, *run.execution.params)
         except (ExecutionInterrupted, ExecutionSuspended):
             if ctx.nondeterminism is not None:
                 await self._fail(claim, workflow_error("nondeterminism", ctx.nondeterminism))
