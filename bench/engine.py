@@ -75,13 +75,13 @@ async def _count_statements(url: str, n_steps: int) -> int:
     counted = 0
     original_fetchall = pg_store.PostgresStore._fetchall
 
-    async def counting(self: Any, name: str, params: Any) -> Any:
+    async def counting(self: Any, name: str, params: Any, *rows: Any) -> Any:
         nonlocal counted
         if name not in LOOP:
             counted += 1
-        return await original_fetchall(self, name, params)
+        return await original_fetchall(self, name, params, *rows)
 
-    pg_store.PostgresStore._fetchall = counting  # type: ignore[method-assign]
+    pg_store.PostgresStore._fetchall = counting  # type: ignore[method-assign,assignment]
     try:
         sub = await store.execution_submit(NewExecution(
             ffqn="bench:roundtrips/steps.run", params=[n_steps], deployment_id="bench",

@@ -224,11 +224,11 @@ async def counting_statements() -> AsyncIterator[dict[str, float]]:
     orig_single = cls.single_runner
     orig_connect = psycopg.AsyncConnection.connect
 
-    async def fetchall(self: Any, name: str, params: Any) -> Any:
+    async def fetchall(self: Any, name: str, params: Any, *rows: Any) -> Any:
         counts["statements"] += 1
         started = time.perf_counter()
         try:
-            return await orig_fetchall(self, name, params)
+            return await orig_fetchall(self, name, params, *rows)
         finally:
             counts["db_seconds"] += time.perf_counter() - started
 
@@ -277,7 +277,7 @@ async def counting_statements() -> AsyncIterator[dict[str, float]]:
         counts["connections"] += 1
         return await orig_connect(*args, **kwargs)
 
-    cls._fetchall = fetchall  # type: ignore[method-assign]
+    cls._fetchall = fetchall  # type: ignore[method-assign,assignment]
     cls._op = op  # type: ignore[method-assign]
     pg_store._drive = drive  # type: ignore[assignment]
     cls.single_runner = single  # type: ignore[method-assign]

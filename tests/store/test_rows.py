@@ -1,6 +1,8 @@
-"""Reading an execution's row: ``execution_from`` sets the slots of an ``Execution``
-directly instead of calling its ``__init__`` (store/_ops.py says why); what it builds must be
-exactly what ``Execution(**fields)`` builds."""
+"""Reading an execution's row: ``execution_from`` (a mapping of columns) and
+``execution_maker`` (a tuple in a statement's column order, as PostgreSQL's store reads its
+rows) set the slots of an ``Execution`` directly instead of calling its ``__init__``
+(store/_ops.py says why); what they build must be exactly what ``Execution(**fields)``
+builds."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 
 from veracity.core.states import Status
 from veracity.models import Execution
-from veracity.store._ops import execution_from
+from veracity.store._ops import execution_from, execution_maker
 
 T0 = datetime(2026, 12, 6, 11, 0, tzinfo=UTC)
 
@@ -78,3 +80,49 @@ def test_a_row_missing_a_column_is_refused() -> None:
     del row["started_at"]
     with pytest.raises(KeyError):
         execution_from(row)
+
+
+def as_tuple(row: dict[str, Any], extra: bool = True) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """The row as a statement gives it to a tuple-reading driver: its columns in an order of
+    their own (here reversed), with a column of the statement's own (as the completion's
+    ``ended_note``) in between."""
+    items = list(reversed(row.items()))
+    if extra:
+        items.insert(len(items) // 2, ("ended_note", True))
+    return tuple(k for k, _ in items), tuple(v for _, v in items)
+
+
+def test_a_tuple_reads_as_its_mapping_does() -> None:
+    row = full_row()
+    columns, values = as_tuple(row)
+    built = execution_maker(columns)(values)
+    assert built == execution_from(row) == Execution(**{**row, "status": Status(row["status"])})
+    assert repr(built) == repr(execution_from(row))
+    for name in Execution.__dataclass_fields__:
+        assert getattr(built, name) == row[name] or name == "status", name
+
+
+@pytest.mark.parametrize("status", [str(s) for s in Status])
+def test_every_status_in_a_tuple_reads_as_its_member(status: str) -> None:
+    columns, values = as_tuple({**full_row(), "status": status})
+    assert execution_maker(columns)(values).status is Status(status)
+
+
+def test_a_tuple_whose_status_is_not_one_is_refused() -> None:
+    columns, values = as_tuple({**full_row(), "status": "sleeping"})
+    with pytest.raises(ValueError):
+        execution_maker(columns)(values)
+
+
+def test_columns_missing_one_are_refused_before_any_row() -> None:
+    row = full_row()
+    del row["started_at"]
+    columns, _ = as_tuple(row, extra=False)
+    with pytest.raises(KeyError):
+        execution_maker(columns)
+
+
+def test_a_maker_is_made_once_per_order_of_columns() -> None:
+    columns, values = as_tuple(full_row())
+    assert execution_maker(columns) is execution_maker(tuple(columns))
+    assert execution_maker(columns)(values) == execution_maker(columns)(list(values))

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import AsyncRowFactory, RowMaker, dict_row
 from psycopg.types.json import Json, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
@@ -79,6 +79,15 @@ RETRIES = 3  # attempts after a lost connection
 
 def _utc(value: datetime | None) -> datetime | None:
     return value.astimezone(UTC) if value is not None else None
+
+
+def execution_rows(cursor: psycopg.AsyncCursor[Any]) -> RowMaker[Execution]:
+    """psycopg row factory: each row of ``veracity_executions`` (a statement's extra
+    columns ignored) as an :class:`Execution`, built from the row's tuple
+    (``_ops.execution_maker``) instead of from a mapping made of it first."""
+    if cursor.description is None:  # pragma: no cover - only statements with rows use it
+        raise TypeError("a statement without rows cannot give executions")
+    return _ops.execution_maker(tuple(column.name for column in cursor.description))
 
 
 def row_to_execution(row: Row) -> Execution:
@@ -292,9 +301,11 @@ class PostgresStore(SharedMethods):
     def _now(self) -> datetime | None:
         return self._clock.now()
 
-    async def _fetchall(self, name: str, params: Mapping[str, Any]) -> list[Row]:
-        """Run one statement. If its connection turns out to be dead (the backend was
-        terminated, the server restarted), check the pool and try again on a fresh one.
+    async def _fetchall(self, name: str, params: Mapping[str, Any],
+                        rows: AsyncRowFactory[Any] = dict_row) -> list[Any]:
+        """Run one statement, its rows as ``rows`` makes them (mappings by default). If its
+        connection turns out to be dead (the backend was terminated, the server restarted),
+        check the pool and try again on a fresh one.
 
         A retried statement is one that did not commit, except in the rare case where the
         connection died between the commit and its answer: every statement here is safe to
@@ -306,8 +317,9 @@ class PostgresStore(SharedMethods):
             try:
                 async with self._pool.connection() as conn:
                     try:
-                        cur = await conn.execute(_q(name), params)
-                        return cast(list[Row], await cur.fetchall())
+                        cur = conn.cursor(row_factory=rows)
+                        await cur.execute(_q(name), params)
+                        return cast(list[Any], await cur.fetchall())
                     except psycopg.OperationalError:
                         broken = conn.broken or conn.closed
                         raise
@@ -349,6 +361,10 @@ class PostgresStore(SharedMethods):
                     raise
                 await self._pool.check()
         raise AssertionError("unreachable")
+
+    async def _executions(self, name: str, params: Mapping[str, Any]) -> list[Execution]:
+        """Run one statement whose rows are executions (``execution_rows``)."""
+        return cast(list[Execution], await self._fetchall(name, params, execution_rows))
 
     async def _fetchone(self, name: str, params: Mapping[str, Any]) -> Row | None:
         rows = await self._fetchall(name, params)
@@ -408,8 +424,8 @@ class PostgresStore(SharedMethods):
         return Submitted(row_to_execution(row), ours, row["request_digest"])
 
     async def execution_get(self, execution_id: uuid.UUID) -> Execution | None:
-        row = await self._fetchone("execution_get", {"id": execution_id})
-        return row_to_execution(row) if row else None
+        found = await self._executions("execution_get", {"id": execution_id})
+        return found[0] if found else None
 
     async def execution_list(
         self, filter: ExecutionFilter, *, limit: int, after: ListCursor | None = None
@@ -417,7 +433,7 @@ class PostgresStore(SharedMethods):
         check_filter(filter)
         require_aware(after.created_at if after else None)
         statuses = sorted({str(s) for s in filter.statuses})
-        rows = await self._fetchall(
+        return await self._executions(
             "execution_list_by_status" if statuses
             else "execution_list_by_ffqn" if filter.ffqn_prefix is not None
             else "execution_list",
@@ -433,7 +449,6 @@ class PostgresStore(SharedMethods):
                 "limit": limit,
             },
         )
-        return [row_to_execution(r) for r in rows]
 
     async def history_list(
         self, execution_id: uuid.UUID, *, after_seq: int = 0, limit: int = 1000
@@ -452,7 +467,7 @@ class PostgresStore(SharedMethods):
         if limit <= 0 or not ffqns:
             return []
         pinned, upgrading = claim_split(ffqns, deployment_id, upgrade_ffqns)
-        rows = await self._fetchall(
+        return await self._executions(
             "execution_claim",
             {
                 "owner": owner,
@@ -465,7 +480,6 @@ class PostgresStore(SharedMethods):
                 "from_states": _text_array(tuple(claim_sources())),
             },
         )
-        return [row_to_execution(r) for r in rows]
 
     async def _late_report(
         self, report: str, claim: Claim, payload: JSON, reason: str | None = None
@@ -490,7 +504,7 @@ class PostgresStore(SharedMethods):
     async def _leave_many_if_owned(self, owner: str, items: Sequence[Leave]
                                    ) -> list[TransitionResult]:
         unique = leave_batch(owner, items)
-        rows = await self._fetchall(
+        rows = await self._executions(
             "execution_leave_many_if_owned",
             {
                 # one JSON array of rows, each value's JSON text a string in it (see
@@ -506,7 +520,7 @@ class PostgresStore(SharedMethods):
                 "now": self._now(),
             },
         )
-        done = {row["id"]: row_to_execution(row) for row in rows}
+        done = {execution.id: execution for execution in rows}
         out: list[TransitionResult] = []
         for item in items:
             if item.claim.execution_id in done:
