@@ -36,16 +36,12 @@ LEGACY = "test:gen/worker.run"
 
 
 class Desired:
-    """The desired keys, and optionally a barrier every run waits at before it goes on
-    (two runs then both list before either schedules: a race, made certain)."""
+    """The desired keys."""
 
     def __init__(self) -> None:
         self.keys: list[Any] = []
-        self.barrier: asyncio.Barrier | None = None
 
     async def __call__(self) -> list[Any]:
-        if self.barrier is not None:
-            await self.barrier.wait()
         return list(self.keys)
 
 
@@ -70,7 +66,7 @@ app.workflow(LEGACY)(serve)
 @asynccontextmanager
 async def served(store: Store, tmp_path: Path, scopes: list[str] = SCOPES
                  ) -> AsyncIterator[Running]:
-    DESIRED.keys, DESIRED.barrier = [], None
+    DESIRED.keys = []
     async with api_served(store, tmp_path, app, reconciler=RECONCILER, prefix=LEGACY,
                           scopes=scopes) as r:
         yield r
@@ -87,7 +83,18 @@ async def test_two_racing_reconcilers_start_duplicates_the_next_run_resolves(
     store: Store, tmp_path: Path
 ) -> None:
     async with served(store, tmp_path) as r:
-        DESIRED.keys, DESIRED.barrier = ["A", "B"], asyncio.Barrier(2)
+        DESIRED.keys = ["A", "B"]
+        # each run's listing waits at the API until the other's has arrived too: both read
+        # the executions before either has scheduled any (a race, made certain; a barrier
+        # any earlier, as at the desired keys, let a slow run list after the other's
+        # children were written, under load)
+        both = asyncio.Barrier(2)
+
+        async def both_list(scope: dict[str, Any]) -> None:
+            if scope["method"] == "GET" and scope["path"] == "/v1/executions":
+                await both.wait()
+
+        r.gate.append(both_list)
         one, _ = await r.current.submit(RECONCILER, [])
         two, _ = await r.current.submit(RECONCILER, [])
         ended = [await wait_status(store, i, Status.COMPLETED, Status.FAILED, timeout=20)
@@ -96,7 +103,7 @@ async def test_two_racing_reconcilers_start_duplicates_the_next_run_resolves(
         raced = keyed(await r.managed(Status.PENDING, Status.RUNNING, Status.BLOCKED))
         assert {k: len(v) for k, v in raced.items()} == {"A": 2, "B": 2}
 
-        DESIRED.barrier = None
+        r.gate.remove(both_list)
         assert (await r.reconcile()).result == "kept 2; started 0"
         left = keyed(await r.managed(Status.PENDING, Status.RUNNING, Status.BLOCKED))
         for key, pair in raced.items():
