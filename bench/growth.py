@@ -10,7 +10,8 @@ the last 40 days, then VACUUM ANALYZE. At each size:
   ``veracity worker`` process at the default settings (``worker.concurrency`` 256) drains
   them; the rate is N over the time from the first claim to the last completion, both the
   database's clock (as bench/workers.py). Each run starts right after a ``CHECKPOINT``
-  (``_checkpoint``). Median of ``--runs`` runs (default 2).
+  (``_checkpoint``). Median of ``--runs`` runs (default 4: a drain of 5,000 lasts half a
+  second on a fast machine, and two were not enough; bench/README.md, Growth).
 - list pages: each filter ``GET /v1/executions`` offers, its first page of 50 through the
   store (``execution_list``, in process: the query, not HTTP); the median of 20 calls
   after 3 warm-ups.
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated table sizes (terminal executions) to measure "
                              "at, after the empty table")
     parser.add_argument("--executions", type=int, default=5000)
-    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=4)
     args = parser.parse_args(argv)
     sizes = [0, *(int(s) for s in args.sizes.split(",") if s.strip())]
     with scratch_pg_database() as url:
