@@ -41,8 +41,10 @@ def _with_wrk(url: str, seconds: int, connections: int) -> tuple[float, str]:
     if "Non-2xx" in out:
         raise SystemExit(f"some submissions failed:\n{out}")
     rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    p50 = re.search(r"50%\s+(\S+)", out)
-    p99 = re.search(r"99%\s+(\S+)", out)
+    # the latency distribution's lines ("     50%    5.43ms"), not a percentage that ends
+    # in 50% or 99% on the thread statistics' lines ("+/- Stdev" 71.50%)
+    p50 = re.search(r"^\s*50%\s+(\S+)", out, re.MULTILINE)
+    p99 = re.search(r"^\s*99%\s+(\S+)", out, re.MULTILINE)
     if not rate:
         raise SystemExit(f"cannot read wrk's output:\n{out}")
     detail = f"latency p50 {p50[1] if p50 else '?'}, p99 {p99[1] if p99 else '?'} (wrk)"

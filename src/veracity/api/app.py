@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute
 
 from veracity._ids import parse_execution_id
 from veracity.api.auth import ROUTE_ACCESS, TokenAuth, check_routes, declare_security
+from veracity.api.bodies import declared, read_body
 from veracity.api.docs import install_docs
 from veracity.api.errors import error_response, install_error_handlers
 from veracity.api.limits import BodySizeLimit, JsonBodies
@@ -220,8 +221,13 @@ def _define_api(app: APIRouter) -> None:
                                         "idle worker's offer took it (docs/workers.md, "
                                         "Hand-off to an idle worker)"},
                    200: {"model": ExecutionOut, "description": "Idempotent repeat"}},
+        openapi_extra=declared(SubmitRequest),
     )
-    async def submit(body: SubmitRequest, service: Service) -> Response:
+    async def submit(request: Request) -> Response:
+        # the body read and checked here, as FastAPI would (veracity/api/bodies.py),
+        # without its dependency machinery: the API's busiest route
+        body = await read_body(request, SubmitRequest)
+        service: ExecutionService = request.app.state.service
         execution, created = await service.submit(
             body.ffqn,
             body.params,

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
+from veracity.api import bodies
 from veracity.api.auth import ROUTE_ACCESS, Unscoped
 from veracity.api.schemas import ErrorOut
 
@@ -147,6 +148,8 @@ def finish_document(schema: dict[str, Any], workflows: Collection[str] = ()
     """Each operation gets its summary and exactly its listed errors (README, errors); the
     workflows the server runs are examples of a submission's ``ffqn``; a submission links
     to the operations on the execution it made."""
+    # the bodies routes read themselves (veracity/api/bodies.py), as FastAPI lists others
+    schema.setdefault("components", {}).setdefault("schemas", {}).update(bodies.schemas())
     if workflows:
         submit = schema["components"]["schemas"]["SubmitRequest"]["properties"]["ffqn"]
         submit["examples"] = sorted(workflows)[:MAX_EXAMPLES]
