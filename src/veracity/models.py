@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from veracity._frozen import quick_init
 from veracity.core.reconcile import FlagKind, WriteKind
 from veracity.core.recovery import RecoveryAction
 from veracity.core.requests import CallbackOutcome, InterruptKind
@@ -15,6 +16,7 @@ from veracity.core.states import Status
 JSON = Any  # a value that json.dumps accepts
 
 
+@quick_init  # a faster __init__ (veracity/_frozen.py): one or more per execution
 @dataclass(frozen=True, slots=True)
 class Execution:
     id: uuid.UUID
@@ -64,6 +66,7 @@ class Execution:
     """When a worker first claimed it (kept across later claims); None if it never ran."""
 
 
+@quick_init  # a faster __init__ (veracity/_frozen.py): one or more per execution
 @dataclass(frozen=True, slots=True)
 class HistoryEvent:
     execution_id: uuid.UUID
@@ -73,6 +76,7 @@ class HistoryEvent:
     data: JSON
 
 
+@quick_init  # a faster __init__ (veracity/_frozen.py): one or more per execution
 @dataclass(frozen=True, slots=True)
 class NewExecution:
     """What a submission asks for. ``scheduled_at=None`` means "now" (database clock)."""
@@ -91,6 +95,7 @@ class NewExecution:
     retry_of: uuid.UUID | None = None
 
 
+@quick_init  # a faster __init__ (veracity/_frozen.py): one or more per execution
 @dataclass(frozen=True, slots=True)
 class Submitted:
     execution: Execution
