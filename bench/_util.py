@@ -32,6 +32,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def process_cpu(pid: int) -> float:
+    """User and system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def veracity_bin() -> str:
     found = shutil.which("veracity", path=str(Path(sys.executable).parent))
     if not found:

@@ -21,9 +21,8 @@ import os
 import statistics
 import time
 import uuid
-from pathlib import Path
 
-from bench._util import scratch_pg_database, server
+from bench._util import process_cpu, scratch_pg_database, server
 
 FFQN = "shop:orders/process.run"
 
@@ -86,19 +85,13 @@ async def _count(database_url: str) -> int:
         await store.close()
 
 
-def _cpu(pid: int) -> float:
-    """User and system CPU seconds of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(database_url: str, label: str, args: argparse.Namespace) -> None:
     pids: list[int] = []
     with server(database_url, pids=pids) as url:
-        before = _cpu(pids[0])
+        before = process_cpu(pids[0])
         done, elapsed, latencies = asyncio.run(
             _batches(url, args.seconds, args.clients, args.batch))
-        cpu = _cpu(pids[0]) - before
+        cpu = process_cpu(pids[0]) - before
         p50 = statistics.median(latencies) * 1000
         p99 = sorted(latencies)[int(len(latencies) * 0.99)] * 1000 if latencies else 0.0
         print(f"batch submissions, {label}: {done / elapsed:,.0f} executions/s ({done:,} in "

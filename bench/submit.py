@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from bench._util import scratch_pg_database, server
+from bench._util import process_cpu, scratch_pg_database, server
 
 BODY = '{"ffqn": "shop:orders/process.run", "params": ["order", 100]}'
 LUA = f"""
@@ -72,10 +72,18 @@ async def _with_httpx(url: str, seconds: int, connections: int) -> tuple[float, 
 
 
 def measure(database_url: str, seconds: int, connections: int) -> tuple[float, str]:
-    with server(database_url) as url:
+    """(submissions/s, what else was seen): with the server process's CPU a submission
+    (what bounds the rate when the server's one process is busy all the time)."""
+    pids: list[int] = []
+    with server(database_url, pids=pids) as url:
+        before, started = process_cpu(pids[0]), time.perf_counter()
         if shutil.which("wrk"):
-            return _with_wrk(url, seconds, connections)
-        return asyncio.run(_with_httpx(url, seconds, connections))
+            rate, detail = _with_wrk(url, seconds, connections)
+        else:
+            rate, detail = asyncio.run(_with_httpx(url, seconds, connections))
+        cpu, elapsed = process_cpu(pids[0]) - before, time.perf_counter() - started
+    return rate, (f"{detail}; the server's CPU {cpu / (rate * seconds) * 1e6:.0f} µs a "
+                  f"submission, {cpu / elapsed:.0%} of a core")
 
 
 def main(argv: list[str] | None = None) -> None:
