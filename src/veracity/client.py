@@ -185,8 +185,8 @@ class ClientExecution:
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> ClientExecution:
-        # each field read by name, not by filtering the answer's 33 keys (a batch's answer
-        # makes 1,000 of these: a fifth less time; tests/client/test_values.py)
+        # each field read by name, not by filtering the answer's 33 keys: a batch's answer
+        # makes 1,000 of these (tests/client/test_values.py)
         get = data.get
         return cls(
             id=data["id"], ffqn=data["ffqn"], status=data["status"], params=get("params"),

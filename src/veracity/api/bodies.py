@@ -3,8 +3,8 @@ declared as a model parameter.
 
 FastAPI reads a declared body, then solves the route's dependencies and validates the
 body as one of them: on ``POST /v1/executions``, the API's busiest route, that machinery
-was a tenth of the server's CPU a submission (bench/README.md, "Single submissions through
-the API"). :func:`read_body` does the same steps without it: the same parser
+was about a tenth of the server's CPU a submission (bench/README.md, "Single and batch
+submissions through the API"). :func:`read_body` does the same steps without it: the same parser
 (``json.loads`` of the bytes, as Starlette's ``Request.json``), the same validation
 (``from_attributes``, as FastAPI's), and the same errors, raised as FastAPI raises them so
 that the app's handlers answer them as before (veracity/api/errors.py): a body that is
