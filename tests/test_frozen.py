@@ -127,7 +127,12 @@ def test_classes_it_cannot_serve_are_refused() -> None:
         a: int
         b: int = dataclasses.field(init=False, default=0)
 
-    for cls in (NoSlots, NotFrozen, PostInit, OutsideInit, int):
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class InitOnly:
+        a: int
+        b: dataclasses.InitVar[int]
+
+    for cls in (NoSlots, NotFrozen, PostInit, OutsideInit, InitOnly, int):
         with pytest.raises(TypeError):
             quick_init(cls)
 

@@ -15,6 +15,7 @@ tests/test_frozen.py compares both ``__init__``\\ s on every class that uses it.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -36,9 +37,10 @@ def quick_init(cls: type[T]) -> type[T]:
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__} has __post_init__: keep the dataclass's __init__")
     fields = dataclasses.fields(cast(Any, cls))
-    if any(not f.init for f in fields) or any(
-            isinstance(f.type, dataclasses.InitVar) for f in fields):
-        raise TypeError(f"{cls.__name__} has fields outside __init__")
+    taken = list(inspect.signature(cls.__init__).parameters)[1:]
+    if any(not f.init for f in fields) or taken != [f.name for f in fields]:
+        # init=False fields, or InitVar pseudo-fields (which fields() leaves out)
+        raise TypeError(f"{cls.__name__} has fields outside __init__ or init-only values")
     names: dict[str, Any] = {"_FACTORY": _FACTORY}
     positional: list[str] = []
     keyword: list[str] = []
