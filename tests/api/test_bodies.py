@@ -1,7 +1,8 @@
 """A body read by the route itself (veracity/api/bodies.py) is answered exactly as FastAPI
 answers the same body declared as a model parameter: two routes of one app, one of each
-kind, with the API's error handlers, get the same bodies and must give the same answers;
-and the OpenAPI document lists the hand-read body as FastAPI lists the declared one."""
+kind (the hand-read one a ``PlainRoute``, as ``POST /v1/executions``), with the API's error
+handlers, get the same bodies and must give the same answers; and the OpenAPI document
+lists the hand-read body as FastAPI lists the declared one."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
-from veracity.api.bodies import declared, read_body, schemas
+from veracity.api.bodies import PlainRoute, declared, read_body, schemas
 from veracity.api.errors import install_error_handlers
 from veracity.api.schemas import SubmitRequest
 
@@ -25,11 +27,13 @@ def _app() -> FastAPI:
     async def by_fastapi(body: SubmitRequest) -> dict[str, Any]:
         return body.model_dump(mode="json")
 
-    @app.post("/read", openapi_extra=declared(SubmitRequest))
-    async def by_hand(request: Request) -> dict[str, Any]:
+    async def by_hand(request: Request) -> Response:
         body = await read_body(request, SubmitRequest)
-        return body.model_dump(mode="json")
+        return JSONResponse(body.model_dump(mode="json"))
 
+    # run as POST /v1/executions is: by Starlette's request handling, not FastAPI's
+    app.router.add_api_route("/read", by_hand, methods=["POST"], route_class_override=PlainRoute,
+                      openapi_extra=declared(SubmitRequest))
     return app
 
 
@@ -97,3 +101,13 @@ def test_the_document_lists_a_hand_read_body_as_fastapi_lists_a_declared_one() -
     # FastAPI wrote SubmitRequest's schema (the declared route uses it); ours is the same
     assert schemas()["SubmitRequest"] == json.loads(
         json.dumps(document["components"]["schemas"]["SubmitRequest"]))
+
+
+def test_a_plain_route_takes_the_request_alone() -> None:
+    app = FastAPI()
+
+    async def two(request: Request, other: int) -> Response:
+        return Response()
+
+    with pytest.raises(TypeError, match="takes the request alone"):
+        app.router.add_api_route("/two", two, methods=["POST"], route_class_override=PlainRoute)

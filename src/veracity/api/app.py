@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute
 
 from veracity._ids import parse_execution_id
 from veracity.api.auth import ROUTE_ACCESS, TokenAuth, check_routes, declare_security
-from veracity.api.bodies import declared, read_body
+from veracity.api.bodies import PlainRoute, declared, read_body
 from veracity.api.docs import install_docs
 from veracity.api.errors import error_response, install_error_handlers
 from veracity.api.limits import BodySizeLimit, JsonBodies
@@ -213,19 +213,9 @@ def _define_api(app: APIRouter) -> None:
             generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST
         )
 
-    @app.post(
-        "/v1/executions",
-        status_code=201,
-        response_model=ExecutionOut,
-        responses={201: {"description": "Created: pending; on PostgreSQL running when an "
-                                        "idle worker's offer took it (docs/workers.md, "
-                                        "Hand-off to an idle worker)"},
-                   200: {"model": ExecutionOut, "description": "Idempotent repeat"}},
-        openapi_extra=declared(SubmitRequest),
-    )
     async def submit(request: Request) -> Response:
         # the body read and checked here, as FastAPI would (veracity/api/bodies.py),
-        # without its dependency machinery: the API's busiest route
+        # and the route run as Starlette runs one (PlainRoute): the API's busiest route
         body = await read_body(request, SubmitRequest)
         service: ExecutionService = request.app.state.service
         execution, created = await service.submit(
@@ -240,6 +230,17 @@ def _define_api(app: APIRouter) -> None:
         (text,) = ExecutionOut.json_many([execution])
         return Response(text.encode(), media_type="application/json",
                         status_code=201 if created else 200)
+
+    app.add_api_route(
+        "/v1/executions", submit, methods=["POST"], route_class_override=PlainRoute,
+        status_code=201,
+        response_model=ExecutionOut,
+        responses={201: {"description": "Created: pending; on PostgreSQL running when an "
+                                        "idle worker's offer took it (docs/workers.md, "
+                                        "Hand-off to an idle worker)"},
+                   200: {"model": ExecutionOut, "description": "Idempotent repeat"}},
+        openapi_extra=declared(SubmitRequest),
+    )
 
     @app.post(
         "/v1/executions/batch",

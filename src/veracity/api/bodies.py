@@ -16,14 +16,18 @@ shows the same request body, and :func:`schemas` adds the models to its componen
 
 from __future__ import annotations
 
+import inspect
 import json
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
+from starlette.routing import request_response
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -73,6 +77,24 @@ async def read_body(request: Request, model: type[M]) -> M:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)],
             body=body) from None
+
+
+class PlainRoute(APIRoute):
+    """A route FastAPI lists in the OpenAPI document (its response model, its declared
+    body) but does not run: its endpoint takes the ``Request`` and answers a ``Response``,
+    called as Starlette calls a route's endpoint (``starlette.routing.request_response``:
+    the app's exception handlers still answer what it raises), without FastAPI's request
+    handler around it (its exit stacks, its solving of the endpoint's parameters, its
+    response model). For an endpoint that reads its body with :func:`read_body` and writes
+    its own answer: ``POST /v1/executions`` (bench/README.md, "Single and batch
+    submissions through the API")."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        params = list(inspect.signature(endpoint).parameters)
+        if len(params) != 1:
+            raise TypeError(f"{path}: a PlainRoute's endpoint takes the request alone")
+        self.app = request_response(endpoint)
 
 
 def declared(model: type[BaseModel]) -> dict[str, Any]:
