@@ -11,7 +11,8 @@ that the app's handlers answer them as before (veracity/api/errors.py): a body t
 not JSON, ``422 malformed_json``; one that does not fit the model, ``422 invalid_input``
 naming each field under ``body``; an empty one, ``body: Field required``. A route that
 reads its body this way declares it with :func:`declared` so that the OpenAPI document
-shows the same request body, and :func:`schemas` adds the models to its components.
+shows the same request body, and :func:`schemas` adds the models to its components; as a
+:class:`PlainRoute`, it also runs without FastAPI's request handler.
 """
 
 from __future__ import annotations
