@@ -57,21 +57,19 @@ async def read_body(request: Request, model: type[M]) -> M:
     any other); one of another ``+json`` type the middleware lets through is, as FastAPI
     takes it, not parsed, and so not the model."""
     raw = await request.body()
-    body: Any = None
-    if raw:
-        body = raw
-        if _is_json(request.headers.get("content-type", "")):
-            try:
-                body = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise RequestValidationError(
-                    [{"type": "json_invalid", "loc": ("body", exc.pos),
-                      "msg": "JSON decode error", "input": {}, "ctx": {"error": exc.msg}}],
-                    body=exc.doc) from exc
-            except Exception as exc:  # not UTF-8, nested too deep: errors.py says which
-                raise HTTPException(400, "There was an error parsing the body") from exc
-    else:
+    if not raw:
         raise RequestValidationError([_missing()])
+    body: Any = raw
+    if _is_json(request.headers.get("content-type", "")):
+        try:
+            body = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise RequestValidationError(
+                [{"type": "json_invalid", "loc": ("body", exc.pos),
+                  "msg": "JSON decode error", "input": {}, "ctx": {"error": exc.msg}}],
+                body=exc.doc) from exc
+        except Exception as exc:  # not UTF-8, nested too deep: errors.py says which
+            raise HTTPException(400, "There was an error parsing the body") from exc
     try:
         return model.model_validate(body, from_attributes=True)
     except ValidationError as exc:
