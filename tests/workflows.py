@@ -226,3 +226,11 @@ async def last_write(ctx: Context, marks: str, seconds: float) -> str:
     await ctx.step(_mark_now, marks, f"{ctx.execution_id}:step")
     await asyncio.sleep(seconds)
     return f"completed by pid {os.getpid()}"
+
+
+@app.workflow("test:gc/settings.fn")
+async def gc_settings(ctx: Context) -> dict[str, Any]:
+    """The collector's settings of the process running it (veracity/_heap.py)."""
+    import gc
+
+    return {"young": gc.get_threshold()[0], "frozen": gc.get_freeze_count() > 0}

@@ -11,6 +11,10 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+# the collector's thresholds as they are before an application's code runs (an app that
+# sets its own keeps them: veracity/_heap.py)
+from veracity import _heap as _heap
+
 if TYPE_CHECKING:
     from veracity.app import App, WorkflowDef
     from veracity.client import (

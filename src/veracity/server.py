@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import gc
 import logging
 import os
 import signal
@@ -26,6 +25,7 @@ import uvloop
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from veracity._heap import settle
 from veracity.api import create_api
 from veracity.api.transport import protocol_with
 from veracity.app import App
@@ -222,9 +222,7 @@ async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
-    # what start-up made lives as long as the server: kept out of the collector's full
-    # passes, which otherwise walk it again and again under load
-    gc.freeze()
+    settle()  # started: the collector's settings of a long run (veracity/_heap.py)
     if server.started:
         for srv in server.servers:
             for sock in srv.sockets:

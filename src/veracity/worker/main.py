@@ -9,6 +9,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
+from veracity._heap import settle
 from veracity.adapters import build_engines, close_engines
 from veracity.adapters.config import parse_external
 from veracity.app import App
@@ -112,6 +113,7 @@ async def run_worker(settings: Settings) -> int:
                                    telemetry=telemetry, host_key=host_key())
         recovering = asyncio.create_task(
             run_forever(recovery, settings.recovery.interval, stop), name="veracity-recovery")
+        settle()  # started: the collector's settings of a long run (veracity/_heap.py)
         try:
             await worker.run()
         finally:
