@@ -525,3 +525,18 @@ def test_worker_metrics_port_out_of_range_or_not_a_number(tmp_path: Path) -> Non
         "VERACITY_WORKER_METRICS_PORT: Input should be a valid integer")
     path = write(tmp_path / "conf.toml", '[worker]\nmetrics_host = ""\n')
     assert config_error(path, env={}).startswith(f"{path}:2: worker.metrics_host: ")
+
+
+def test_gc_young_threshold_from_file_env_and_its_bad_values(tmp_path: Path) -> None:
+    assert load_settings(env={}).gc_young_threshold == 10_000
+    assert load_settings(env={"VERACITY_GC_YOUNG_THRESHOLD": "0"}).gc_young_threshold == 0
+    path = write(tmp_path / "conf.toml", "gc_young_threshold = 50000\n")
+    assert load_settings(path, env={}).gc_young_threshold == 50_000
+    assert config_error(env={"VERACITY_GC_YOUNG_THRESHOLD": "-1"}) == (
+        "VERACITY_GC_YOUNG_THRESHOLD: Input should be greater than or equal to 0")
+    assert config_error(env={"VERACITY_GC_YOUNG_THRESHOLD": "10000001"}) == (
+        "VERACITY_GC_YOUNG_THRESHOLD: Input should be less than or equal to 10000000")
+    assert config_error(env={"VERACITY_GC_YOUNG_THRESHOLD": "lots"}).startswith(
+        "VERACITY_GC_YOUNG_THRESHOLD: Input should be a valid integer")
+    bad = write(tmp_path / "bad.toml", 'port = 9000\ngc_young_threshold = "1e4"\n')
+    assert config_error(bad, env={}).startswith(f"{bad}:2: gc_young_threshold: ")

@@ -70,16 +70,15 @@ settle()
     assert got["frozen"] > 1000, got  # still frozen
 
 
-def test_settle_never_lowers_a_higher_default() -> None:
+def test_settle_sets_the_configured_threshold() -> None:
     got = interpreter(f"""
 import gc, json
-gc.set_threshold({YOUNG * 5}, 10, 10)  # before veracity: taken as the default
 import veracity
 from veracity._heap import settle
-settle()
+settle(2500)
 {REPORT}
 """)
-    assert got["threshold"] == [YOUNG * 5, 10, 10], got
+    assert got["threshold"][0] == 2500, got
 
 
 @pytest.mark.real_exec  # not forked from the tests' zygote, which froze its own heap
@@ -120,3 +119,17 @@ def test_a_server_and_its_in_process_worker_run_settled(tmp_path: Path) -> None:
                                                     {"young": YOUNG, "frozen": True}), body
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=STOP_TIMEOUT) == 0, server.stderr()
+
+
+def test_a_threshold_of_zero_leaves_them_and_still_freezes() -> None:
+    got = interpreter(f"""
+import gc, json
+pythons = list(gc.get_threshold())
+import veracity
+from veracity._heap import settle
+settle(0)
+assert list(gc.get_threshold()) == pythons, (gc.get_threshold(), pythons)
+{REPORT}
+""")
+    assert got["threshold"][0] < YOUNG, got
+    assert got["frozen"] > 1000, got

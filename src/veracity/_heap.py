@@ -5,16 +5,18 @@ Once started, a ``veracity worker`` or ``veracity server`` calls :func:`settle`:
 
 - ``gc.freeze()``: what start-up made (modules, the app's workflows, the API's routes)
   lives as long as the process; frozen, the collector's full passes no longer walk it
-  again and again. Before, each full pass of a busy worker took 17 to 38 ms.
-- the youngest generation is collected every :data:`YOUNG` net allocations of container
-  objects instead of Python's 700. A busy worker keeps hundreds of executions in flight,
-  each with its task, futures and records; their allocations and frees keep the
-  allocation count near 700 and started a collection about every 20 executions, about a
-  seventh of the worker's CPU (1,438 to 1,480 collections, 260 to 700 ms, in drains of
-  30,000 no-ops). Cyclic garbage is still collected, a little later.
+  again and again.
+- the youngest generation is collected every ``gc_young_threshold`` (default
+  :data:`YOUNG`) net allocations of container objects instead of Python's 700. A busy
+  worker keeps hundreds of executions in flight, each with its task, futures and
+  records; their allocations and frees kept the allocation count near 700 and started a
+  collection about every 20 executions: 22 to 27 % of the worker's CPU, and pauses of up
+  to 38 ms, in drains of 30,000 no-ops (bench/README.md). Cyclic garbage is still
+  collected, a little later.
 
-An application that set its own thresholds (at import, before :func:`settle` runs) keeps
-them: only the interpreter's own default is raised.
+``gc_young_threshold = 0`` leaves the thresholds as they are. An application that set
+its own (at import, before :func:`settle` runs) keeps them too: only thresholds still as
+they were when Veracity was imported are changed.
 """
 
 from __future__ import annotations
@@ -22,17 +24,18 @@ from __future__ import annotations
 import gc
 
 YOUNG = 10_000
-"""Net allocations of container objects between collections of the youngest generation."""
+"""Net allocations of container objects between collections of the youngest generation:
+the default of the ``gc_young_threshold`` setting."""
 
 _DEFAULT = gc.get_threshold()
 """The thresholds when Veracity was imported: the interpreter's, unless something imported
 before Veracity changed them."""
 
 
-def settle() -> None:
-    """Freeze what start-up made, and raise the youngest generation's threshold to
-    :data:`YOUNG` if nobody changed it since Veracity's import (and it is lower)."""
+def settle(young: int = YOUNG) -> None:
+    """Freeze what start-up made, and set the youngest generation's threshold to
+    ``young`` (0: leave it) if nobody changed the thresholds since Veracity's import."""
     gc.freeze()
     current = gc.get_threshold()
-    if current == _DEFAULT and current[0] < YOUNG:
-        gc.set_threshold(YOUNG, *current[1:])
+    if young and current == _DEFAULT:
+        gc.set_threshold(young, *current[1:])

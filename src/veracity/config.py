@@ -66,6 +66,7 @@ ENV_VARS: dict[str, str] = {
     "deployment_id": "VERACITY_DEPLOYMENT_ID",
     "max_payload_bytes": "VERACITY_MAX_PAYLOAD_BYTES",
     "log_level": "VERACITY_LOG_LEVEL",
+    "gc_young_threshold": "VERACITY_GC_YOUNG_THRESHOLD",
     "worker.concurrency": "VERACITY_WORKER_CONCURRENCY",
     "worker.lease_ttl": "VERACITY_LEASE_TTL",
     "worker.heartbeat_interval": "VERACITY_HEARTBEAT_INTERVAL",
@@ -280,6 +281,9 @@ class Settings(_Model):
     deployment_id: str | None = Field(default=None, min_length=1, max_length=128)
     max_payload_bytes: int = Field(default=1048576, ge=1024)
     log_level: Annotated[LogLevel, BeforeValidator(_lowercase)] = "info"
+    # veracity/_heap.py: the youngest generation's threshold once a long-running process
+    # has started; 0 leaves Python's (or the app's) thresholds as they are
+    gc_young_threshold: int = Field(default=10_000, ge=0, le=10_000_000)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)

@@ -222,7 +222,8 @@ async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
-    settle()  # started: the collector's settings of a long run (veracity/_heap.py)
+    # started: the collector's settings of a long run (veracity/_heap.py)
+    settle(settings.gc_young_threshold)
     if server.started:
         for srv in server.servers:
             for sock in srv.sockets:

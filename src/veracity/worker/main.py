@@ -113,7 +113,8 @@ async def run_worker(settings: Settings) -> int:
                                    telemetry=telemetry, host_key=host_key())
         recovering = asyncio.create_task(
             run_forever(recovery, settings.recovery.interval, stop), name="veracity-recovery")
-        settle()  # started: the collector's settings of a long run (veracity/_heap.py)
+        # started: the collector's settings of a long run (veracity/_heap.py)
+        settle(settings.gc_young_threshold)
         try:
             await worker.run()
         finally:
