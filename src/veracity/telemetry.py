@@ -41,6 +41,21 @@ an execution already ended otherwise."""
 FLAGGED_BY = ("reconciler", "worker", "operator")
 
 
+class _Children:
+    """A labelled metric's children, each looked up once per label values: ``labels()``
+    takes a lock and builds its key on every call."""
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
+
+
 class Telemetry:
     """The metrics of one process, registered in :attr:`registry`."""
 
@@ -99,11 +114,14 @@ class Telemetry:
         for source in LATE_SOURCES:
             self.late_reports.labels(source)
         self._ended: dict[tuple[str, Status], Any] = {}
+        self._submissions = _Children(self.submissions)
+        self._steps = _Children(self.steps)
+        self._step_retries = _Children(self.step_retries)
 
     # -- what the code calls where things happen -------------------------------------
 
     def submitted(self, ffqn: str, *, created: bool, count: int = 1) -> None:
-        self.submissions.labels(ffqn, "created" if created else "existing").inc(count)
+        self._submissions(ffqn, "created" if created else "existing").inc(count)
 
     def started(self, execution: Execution) -> None:
         """A claim: the first one of an execution observes its time in the queue."""
@@ -131,10 +149,10 @@ class Telemetry:
             self.ran.observe(max(0.0, (at - started_at).total_seconds()))
 
     def step(self, ffqn: str, outcome: str) -> None:
-        self.steps.labels(ffqn, outcome).inc()
+        self._steps(ffqn, outcome).inc()
 
     def step_retry(self, ffqn: str) -> None:
-        self.step_retries.labels(ffqn).inc()
+        self._step_retries(ffqn).inc()
 
     def claimed(self, count: int) -> None:
         if count:
