@@ -53,6 +53,7 @@ from veracity.store._common import (
     check_new,
     claim_sources,
     claim_split,
+    json_text,
     late_report_event,
     leave_batch,
     lock_key,
@@ -509,10 +510,10 @@ class PostgresStore(SharedMethods):
             {
                 # one JSON array of rows, each value's JSON text a string in it (see
                 # execution_leave_many_if_owned in queries.sql)
-                "rows": json.dumps([
+                "rows": json_text([
                     (str(i.claim.execution_id), i.claim.epoch, str(i.to), i.retry_in,
-                     json.dumps(i.result) if i.to == Status.COMPLETED else None,
-                     None if i.error is None else json.dumps(i.error), json.dumps(i.event))
+                     json_text(i.result) if i.to == Status.COMPLETED else None,
+                     None if i.error is None else json_text(i.error), json_text(i.event))
                     for i in unique]),
                 "owner": owner,
                 "from_states": _status_array(
@@ -546,7 +547,7 @@ class PostgresStore(SharedMethods):
             {
                 # one JSON array of rows, each value's JSON text a string in it (see
                 # execution_leave_many_if_owned in queries.sql)
-                "rows": json.dumps([(str(c.execution_id), c.epoch, k, json.dumps(d))
+                "rows": json_text([(str(c.execution_id), c.epoch, k, json_text(d))
                                     for c, k, d in unique]),
                 "owner": owner,
                 "now": self._now(),
