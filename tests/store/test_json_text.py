@@ -51,7 +51,7 @@ def test_the_same_text_for_any_json_value(value: Any) -> None:
 
 
 @pytest.mark.parametrize("value", [object(), {"a": {1, 2}}, [b"bytes"], {("tuple",): 1}],
-                         ids=repr)
+                         ids=["object", "set", "bytes", "tuple-key"])
 def test_refuses_what_json_dumps_refuses(value: Any) -> None:
     with pytest.raises(TypeError) as dumps:
         json.dumps(value)
