@@ -64,3 +64,15 @@ def test_a_failed_call_leaves_the_next_one_right() -> None:
     with pytest.raises(TypeError):
         json_text({"a": [1, object()]})
     assert json_text({"a": [1, 2]}) == '{"a": [1, 2]}'
+
+
+def test_a_value_that_contains_itself_is_refused() -> None:
+    """The one difference: json.dumps says ValueError, json_text RecursionError (no write
+    carries such a value: results and step values went through a JSON round trip)."""
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="Circular reference"):
+        json.dumps(loop)
+    with pytest.raises(RecursionError):
+        json_text(loop)
+    assert json_text([loop[:0]]) == "[[]]"  # and the next call is right

@@ -45,11 +45,12 @@ _ENCODE = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
 
 def json_text(value: Any) -> str:
     """``json.dumps(value)``, the same text, for the JSON a batch of a worker's writes
-    carries (a completion's result and event, a checkpoint's data), at a third of its cost
-    for small values: the standard library's C encoder made once with ``json.dumps``'s
-    defaults, instead of on every call. One difference: a value that contains itself
-    raises ``RecursionError`` instead of ``ValueError`` (no write carries one: results and
-    step values have been through a JSON round trip already)."""
+    carries (a completion's result and event, a checkpoint's data) and what psycopg's
+    ``Json()`` writes on PostgreSQL, at a third of its cost for small values: the standard
+    library's C encoder made once with ``json.dumps``'s defaults, instead of on every call.
+    One difference: a value that contains itself raises ``RecursionError`` instead of
+    ``ValueError`` (no write carries one: results and step values have been through a JSON
+    round trip already)."""
     if _ENCODE is None:  # pragma: no cover - CPython always has the C encoder
         return json.dumps(value)
     return "".join(_ENCODE(value, 0))
