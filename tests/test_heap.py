@@ -46,7 +46,6 @@ REPORT = ("print(json.dumps({'threshold': gc.get_threshold(), "
 def test_settle_freezes_and_raises_the_young_threshold_from_the_default() -> None:
     got = interpreter(f"""
 import gc, json
-before = gc.get_threshold()
 import veracity
 from veracity._heap import settle
 assert gc.get_freeze_count() == 0
