@@ -139,12 +139,26 @@ class WorkerProcess:
         deadline = time.monotonic() + timeout
         while proc.poll() is None:
             if time.monotonic() >= deadline:
+                await self._dump_tasks()
                 raise AssertionError(
                     f"{self.name} (pid {proc.pid}) still running after {timeout}s\n"
                     f"{self.describe()}"
                 )
             await asyncio.sleep(0.02)
         return proc.returncode
+
+    async def _dump_tasks(self) -> None:
+        """Ask a stuck ``veracity worker`` what each of its tasks waits on (SIGUSR1: one
+        ``tasks`` log line, docs/workers.md), so that the failure shows it."""
+        if self.argv[-1:] != ["worker"] or self.proc is None or self.proc.poll() is not None:
+            return  # not a worker of ours, or gone
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGUSR1)
+        until = time.monotonic() + 2.0
+        while time.monotonic() < until:
+            if any(r.get("message") == "tasks" for r in self.log_records()):
+                return
+            await asyncio.sleep(0.05)
 
     def cleanup(self) -> None:
         """End the process whatever state it is in (stopped ones are continued first)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import traceback
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
@@ -67,6 +69,30 @@ def serve_metrics(settings: Settings, telemetry: Telemetry) -> WSGIServer | None
     return server
 
 
+def task_stacks() -> dict[str, str]:
+    """Each task of the running loop, by name: the chain of coroutines it awaits, from its
+    own to the innermost (``Task.get_stack`` gives only the outermost of a suspended one)."""
+    found: dict[str, str] = {}
+    for task in asyncio.all_tasks():
+        frames = []
+        awaited: Any = task.get_coro()
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None) \
+                or getattr(awaited, "ag_frame", None)
+            if frame is None:
+                break
+            frames.append((frame, frame.f_lineno))
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom",
+                                                                     None)
+        where = "".join(traceback.StackSummary.extract(frames).format()).rstrip()
+        found[task.get_name()] = where or ("done" if task.done() else "running")
+    return found
+
+
+def log_tasks() -> None:
+    log.warning("tasks", extra={"domain": "worker", "tasks": task_stacks()})
+
+
 async def run_worker(settings: Settings) -> int:
     # the pool reports every reconnection attempt itself; the worker's own rate-limited
     # messages say it once per interval instead
@@ -89,6 +115,9 @@ async def run_worker(settings: Settings) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    # SIGUSR1: what each of the worker's tasks is waiting on, in one log line (docs/workers.md,
+    # "A worker that does not stop")
+    loop.add_signal_handler(signal.SIGUSR1, log_tasks)
     store = await open_store_patiently(settings, stop)
     if store is None:
         return 0
