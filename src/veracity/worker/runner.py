@@ -100,6 +100,23 @@ class RateLimitedLog:
         return True
 
 
+async def cancel_all(tasks: list[asyncio.Task[None]], again_after: float = 0.5) -> None:
+    """Cancel ``tasks`` and wait for their end, cancelling again any still going after
+    ``again_after`` seconds. A cancel can be lost inside a library (on Python 3.11, for
+    one, ``asyncio.wait_for`` returns its result when it completes as the cancel arrives),
+    and a helper loop then goes on: a worker's stop once waited forever on its heartbeat
+    loop, still running after its cancel (tests/worker/test_processes.py under load, seen
+    with ``kill -USR1``: docs/workers.md)."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=again_after)
+    for task in tasks:  # their outcomes retrieved: nothing logged as never retrieved
+        if not task.cancelled():
+            task.exception()
+
+
 def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -368,9 +385,7 @@ class Worker:
             while time.monotonic() < self._awaiting_handoff:
                 await asyncio.sleep(0.01)
             await self._drain()
-            for task in helpers:
-                task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await cancel_all(helpers)
             if self._http is not None:
                 await self._http.close_for_worker()
             try:
