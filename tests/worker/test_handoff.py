@@ -248,6 +248,71 @@ async def test_a_busy_worker_offers_only_a_free_slot(
     assert RUNNING["max"] == 2
 
 
+class HeldClaims:
+    """The worker's store, with its claims held back while ``hold`` is set (until
+    ``release``), and its offer writes counted."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.hold = False
+        self.claiming = asyncio.Event()
+        self.release = asyncio.Event()
+        self.withdrawn = 0
+        self.posted = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def execution_claim(self, *args: Any, **kwargs: Any) -> list[Execution]:
+        if self.hold:
+            self.claiming.set()
+            await self.release.wait()
+        return await self._store.execution_claim(*args, **kwargs)
+
+    async def offer_post(self, *args: Any, **kwargs: Any) -> Any:
+        self.posted += 1
+        return await self._store.offer_post(*args, **kwargs)
+
+    async def offer_withdraw(self, *args: Any, **kwargs: Any) -> Any:
+        self.withdrawn += 1
+        return await self._store.offer_withdraw(*args, **kwargs)
+
+
+@POSTGRESQL
+async def test_a_handoff_heard_during_a_claim_leaves_the_next_offer_out(
+    database_url: str, store: Store
+) -> None:
+    """Concurrency 2, one slot kept for the offer: a hand-off heard while the worker claims
+    makes it post a new offer after that claim, and the offer stays out (no withdrawal to
+    claim with the slot kept for it: the next submission is handed off too)."""
+    held = HeldClaims(store)
+    settings = SETTINGS.model_copy(update={"concurrency": 2})
+    worker = Worker(held, app, settings=settings, deployment_id=DEPLOYMENT)
+    async with running(worker):
+        await offered(database_url, worker)
+        await until(lambda: _is(worker._parked), what="the worker to wait with its offer out")
+        held.hold = True
+        worker.wake()  # a hint: it claims, and the claim is held
+        await asyncio.wait_for(held.claiming.wait(), 5)
+        a = await submit(store, "ht:gated/run.fn", "a")  # takes the offer still out
+        assert a.status is Status.RUNNING
+        await until(lambda: _is(RUNNING["now"] == 1), what="a to run")  # heard mid-claim
+        held.hold = False
+        posted = held.posted
+        held.release.set()
+        await until(lambda: _is(held.posted > posted and worker._parked),
+                    what="a new offer, and the worker waiting with it out")
+        assert held.withdrawn == 0
+        assert offers(database_url) == [worker.id]
+        b = await submit(store, "ht:gated/run.fn", "b")
+        assert b.status is Status.RUNNING
+        for key in "ab":
+            GATES.setdefault(key, asyncio.Event()).set()
+        for ex in (a, b):
+            await wait_status(store, ex.id, Status.COMPLETED)
+    assert handed_flags(await history(store, b.id)) == [True]
+
+
 @pytest.mark.timeout(60)
 @POSTGRESQL
 async def test_a_submission_handed_to_a_worker_killed_with_9_is_recovered(

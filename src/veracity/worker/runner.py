@@ -330,6 +330,12 @@ class Worker:
         self._handed = 0
         self._listening = False
         self.handed_total = 0
+        self._parked = False
+        """The claim loop waits for a hint (its offer out, or a slot kept for a taken one):
+        a hand-off heard then wakes it to offer again. Heard at any other time, the loop
+        offers again on its own; a wake then would come after the new offer, and with its
+        only free slot kept for that offer the loop would withdraw it to claim, leaving no
+        offer out for a moment (a submission then goes pending and is claimed)."""
 
     @property
     def http(self) -> HttpClient:
@@ -446,10 +452,14 @@ class Worker:
                 if free <= 0:
                     if self._busy() < self.settings.concurrency:  # kept for a taken offer
                         self._wake.clear()
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(
-                                self._wake.wait(),
-                                timeout=max(0.0, self._awaiting_handoff - time.monotonic()))
+                        self._parked = True
+                        try:
+                            with contextlib.suppress(TimeoutError):
+                                await asyncio.wait_for(
+                                    self._wake.wait(),
+                                    timeout=max(0.0, self._awaiting_handoff - time.monotonic()))
+                        finally:
+                            self._parked = False
                         continue
                     self._slot_freed.clear()
                     await self._slot_freed.wait()
@@ -477,12 +487,18 @@ class Worker:
                 woken = await self._wake_due_timers(now)
                 if len(batch) == free or woken:
                     continue  # there may be more; claim again as soon as slots allow
+                heard = self._handed
                 await self._offer()
+                if self._handed != heard and not self._offered:
+                    continue  # the new offer was taken as it was written: offer again
+                self._parked = True
                 try:
                     await asyncio.wait_for(self._wake.wait(),
                                            timeout=self.settings.poll_interval)
                 except TimeoutError:
                     pass
+                finally:
+                    self._parked = False
         finally:
             if self._offered:  # stopping: take no more hand-offs
                 # bounded: a stop never waits long on the database (the offer ends on its
@@ -585,7 +601,8 @@ class Worker:
         if self.telemetry is not None:
             self.telemetry.handed_off()
         self._start(execution, time.monotonic())
-        self._wake.set()  # offer again while slots are free
+        if self._parked:
+            self._wake.set()  # offer again while slots are free
 
     def _busy(self) -> int:
         """Slots taken: every execution held, but those whose code has ended and whose last
