@@ -11,6 +11,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -250,10 +251,11 @@ async def test_a_busy_worker_offers_only_a_free_slot(
 
 class HeldClaims:
     """The worker's store, with its claims held back while ``hold`` is set (until
-    ``release``), and its offer writes counted."""
+    ``release``), and its claims and offer writes counted."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
+        self.claims = 0
         self.hold = False
         self.claiming = asyncio.Event()
         self.release = asyncio.Event()
@@ -264,6 +266,7 @@ class HeldClaims:
         return getattr(self._store, name)
 
     async def execution_claim(self, *args: Any, **kwargs: Any) -> list[Execution]:
+        self.claims += 1
         if self.hold:
             self.claiming.set()
             await self.release.wait()
@@ -311,6 +314,61 @@ async def test_a_handoff_heard_during_a_claim_leaves_the_next_offer_out(
         for ex in (a, b):
             await wait_status(store, ex.id, Status.COMPLETED)
     assert handed_flags(await history(store, b.id)) == [True]
+
+
+@POSTGRESQL
+async def test_after_a_handoff_the_worker_offers_again_without_a_claim(
+    database_url: str, store: Store
+) -> None:
+    """Its last claim left nothing due and no hint came since: a hand-off wakes the worker
+    to offer its free slot again, with no claim in between (one statement fewer for each
+    execution handed off); it still claims at each poll."""
+    held = HeldClaims(store)
+    worker = Worker(held, app, settings=SETTINGS, deployment_id=DEPLOYMENT)
+    loop = asyncio.get_running_loop()
+    async with running(worker):
+        await offered(database_url, worker)
+        await until(lambda: _is(worker._parked), what="the worker to wait with its offer out")
+        claims, started = held.claims, loop.time()
+        for i in range(5):
+            await offered(database_url, worker)
+            execution = await submit(store, "ht:echo/run.fn", i)
+            assert execution.status is Status.RUNNING
+            await wait_status(store, execution.id, Status.COMPLETED)
+        # the polls due meanwhile (the first may come at once: it is counted from the
+        # claim before `started`)
+        polls = int((loop.time() - started) / SETTINGS.poll_interval) + 1
+        assert held.claims - claims <= polls  # a claim after each hand-off would be 5
+    assert worker.handed_total == 5
+
+
+@POSTGRESQL
+async def test_hand_offs_one_after_another_leave_the_polls_to_claim_what_comes_due(
+    database_url: str, store: Store
+) -> None:
+    """An execution scheduled a moment ahead becomes due without a notification; the
+    worker, handed a submission every 50 ms meanwhile (and offering again after each without
+    a claim), still claims it at its next poll."""
+    settings = SETTINGS.model_copy(update={"poll_interval": 0.5})
+    worker = Worker(store, app, settings=settings, deployment_id=DEPLOYMENT)
+    async with running(worker):
+        await offered(database_url, worker)
+        later = (await store.execution_submit(NewExecution(
+            ffqn="ht:echo/run.fn", params=["later"], deployment_id=DEPLOYMENT,
+            id=new_execution_id(),
+            scheduled_at=datetime.now(UTC) + timedelta(seconds=0.3)))).execution
+        assert later.status is Status.PENDING
+        handed = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while loop.time() < deadline:
+            if (await store.execution_get(later.id)).status is Status.COMPLETED:  # type: ignore[union-attr]
+                break
+            handed += (await submit(store, "ht:echo/run.fn", "now")).status is Status.RUNNING
+            await asyncio.sleep(0.05)
+        await wait_status(store, later.id, Status.COMPLETED, timeout=0.1)
+        assert handed > 0  # hand-offs went on meanwhile
+    assert handed_flags(await history(store, later.id)) == [False]
 
 
 @pytest.mark.timeout(60)

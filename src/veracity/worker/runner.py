@@ -330,6 +330,14 @@ class Worker:
         self._handed = 0
         self._listening = False
         self.handed_total = 0
+        self._hinted = False
+        """A hint of work (a pending notification, :meth:`wake`) came since the last claim
+        was sent."""
+        self._last_claim = 0.0
+        """When the last claim answered (``time.monotonic()``): the next poll is due
+        ``poll_interval`` after it."""
+        self._drained = False
+        """The last claim came back with room to spare: nothing more was due then."""
         self._parked = False
         """The claim loop waits for a hint (its offer out, or a slot kept for a taken one):
         a hand-off heard then wakes it to offer again. Heard at any other time, the loop
@@ -352,6 +360,7 @@ class Worker:
 
     def wake(self) -> None:
         """A hint that work may be waiting (an in-process submission, a notification)."""
+        self._hinted = True
         self._wake.set()
 
     def interrupted(self, execution_id: uuid.UUID) -> None:
@@ -464,7 +473,17 @@ class Worker:
                     self._slot_freed.clear()
                     await self._slot_freed.wait()
                     continue
+                if (self._drained and not self._hinted and not self._offered
+                        and self._handoff_enabled()
+                        and time.monotonic() < self._last_claim + self.settings.poll_interval):
+                    # woken by a hand-off alone: the last claim left nothing due, no hint
+                    # came since and no poll is due, so offer the free slot again at once
+                    self._wake.clear()
+                    await self._offer_and_park()
+                    continue
                 self._wake.clear()  # before the claim: a hint arriving during it is kept
+                self._hinted = False
+                self._drained = False
                 free = min(free, claim_limit(self.settings.concurrency))
                 try:
                     batch = await self.store.execution_claim(
@@ -477,7 +496,7 @@ class Worker:
                     delay = min(delay * 2, RETRY_CAP)
                     continue
                 delay = 0.1
-                now = time.monotonic()
+                now = self._last_claim = time.monotonic()
                 if self.telemetry is not None:
                     self.telemetry.claimed(len(batch))
                 for execution in batch:
@@ -487,18 +506,8 @@ class Worker:
                 woken = await self._wake_due_timers(now)
                 if len(batch) == free or woken:
                     continue  # there may be more; claim again as soon as slots allow
-                heard = self._handed
-                await self._offer()
-                if self._handed != heard and not self._offered:
-                    continue  # the new offer was taken as it was written: offer again
-                self._parked = True
-                try:
-                    await asyncio.wait_for(self._wake.wait(),
-                                           timeout=self.settings.poll_interval)
-                except TimeoutError:
-                    pass
-                finally:
-                    self._parked = False
+                self._drained = True
+                await self._offer_and_park()
         finally:
             if self._offered:  # stopping: take no more hand-offs
                 # bounded: a stop never waits long on the database (the offer ends on its
@@ -506,6 +515,25 @@ class Worker:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(HANDOFF_GRACE * 2):
                         await self._withdraw_offer()
+
+    async def _offer_and_park(self) -> None:
+        """Offer a free slot (hand-offs), then wait for a hint until the next poll is due
+        (``poll_interval`` after the last claim answered). An offer taken as it was written is
+        not waited on: the loop goes round at once to offer again."""
+        heard = self._handed
+        await self._offer()
+        if self._handed != heard and not self._offered:
+            return
+        self._parked = True
+        try:
+            await asyncio.wait_for(
+                self._wake.wait(),
+                timeout=max(0.0, self._last_claim + self.settings.poll_interval
+                            - time.monotonic()))
+        except TimeoutError:
+            pass
+        finally:
+            self._parked = False
 
     # -- hand-offs (docs/workers.md, "Hand-off to an idle worker") -------------------------
 
@@ -946,7 +974,7 @@ class Worker:
                         await self._adopt_unheard()
                     self._listening = listened = True
                     if note is None:
-                        self._wake.set()
+                        self.wake()
                     else:
                         self._handed_off(note)
                     delay = 0.1
@@ -956,7 +984,7 @@ class Worker:
                 self._trouble.warning("listen", "notifications lost, reconnecting: %s", exc)
             finally:
                 self._listening = False
-            self._wake.set()  # something may have arrived while we were not listening
+            self.wake()  # something may have arrived while we were not listening
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_CAP)
 
