@@ -248,6 +248,7 @@ def _raise_for(response: httpx.Response) -> None:
 
 def _list_params(status: str | Sequence[str] | None, ffqn_prefix: str | None,
                  deployment_id: str | None, flagged: bool | None,
+                 created_after: datetime | None, created_before: datetime | None,
                  page_size: int) -> dict[str, Any]:
     params: dict[str, Any] = {"limit": page_size}
     if status:
@@ -258,6 +259,10 @@ def _list_params(status: str | Sequence[str] | None, ffqn_prefix: str | None,
         params["deployment_id"] = deployment_id
     if flagged is not None:
         params["flagged"] = "true" if flagged else "false"
+    if created_after is not None:  # a time without its offset is refused by the server
+        params["created_after"] = created_after.isoformat()
+    if created_before is not None:
+        params["created_before"] = created_before.isoformat()
     return params
 
 
@@ -369,9 +374,13 @@ class Client:
 
     def list(self, *, status: str | Sequence[str] | None = None, ffqn_prefix: str | None = None,
              deployment_id: str | None = None, flagged: bool | None = None,
+             created_after: datetime | None = None, created_before: datetime | None = None,
              page_size: int = 200) -> Iterator[ClientExecution]:
-        """Every matching execution, newest first, page by page as it is iterated."""
-        params = _list_params(status, ffqn_prefix, deployment_id, flagged, page_size)
+        """Every matching execution, newest first, page by page as it is iterated;
+        ``created_after`` and ``created_before`` are times with their offset, each
+        exclusive (an execution created at that very time is left out)."""
+        params = _list_params(status, ffqn_prefix, deployment_id, flagged, created_after,
+                              created_before, page_size)
         while True:
             page = self._call("GET", "/v1/executions", params=params)
             for item in page["items"]:
@@ -540,9 +549,11 @@ class AsyncClient:
 
     async def list(self, *, status: str | Sequence[str] | None = None,
                    ffqn_prefix: str | None = None, deployment_id: str | None = None,
-                   flagged: bool | None = None, page_size: int = 200
+                   flagged: bool | None = None, created_after: datetime | None = None,
+                   created_before: datetime | None = None, page_size: int = 200
                    ) -> AsyncIterator[ClientExecution]:
-        params = _list_params(status, ffqn_prefix, deployment_id, flagged, page_size)
+        params = _list_params(status, ffqn_prefix, deployment_id, flagged, created_after,
+                              created_before, page_size)
         while True:
             page = await self._call("GET", "/v1/executions", params=params)
             for item in page["items"]:

@@ -75,6 +75,14 @@ def test_every_method_of_the_client(live: Server) -> None:
             held.id, echoed.id]
         kinds = [h.kind for h in client.history(echoed.id)]
         assert kinds[0] == "pending" and kinds[-1] == "completed"
+        # list by creation time, each bound exclusive
+        window = list(client.list(created_after=echoed.created_at,
+                                  created_before=other.created_at))
+        assert [e.id for e in window] == [held.id, retried.id, failing.id]
+        assert [e.id for e in client.list(created_after=held.created_at)] == [other.id]
+        with pytest.raises(InvalidRequest) as naive:  # a time without its offset
+            list(client.list(created_after=datetime(2026, 1, 1)))
+        assert naive.value.status == 422
 
 
 def test_batches_and_typed_errors(live: Server) -> None:
@@ -140,6 +148,27 @@ async def test_the_async_client(live: Server, monkeypatch: pytest.MonkeyPatch) -
         assert [h.kind for h in await client.history(held.id)][-1] == "completed"
         with pytest.raises(NotFoundError):
             await client.cancel(str(uuid.uuid4()))
+        # get, a failure and its retry, pause and unpause, cancel
+        assert (await client.get(echoed.id)).result == "x"
+        failing = await client.submit(FAIL, "boom")
+        with pytest.raises(ExecutionFailed) as failed:
+            await client.result(failing.id, timeout=20)
+        assert "boom" in str(failed.value.execution.error)
+        failing_retry = await client.retry(failing.id)
+        assert failing_retry.retry_of == failing.id
+        other = await client.submit(HOLD)
+        deadline = time.monotonic() + 20
+        while (await client.get(other.id)).status != "blocked" and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert (await client.pause(other.id)).status == "paused"
+        assert (await client.unpause(other.id)).status == "blocked"
+        await client.cancel(other.id)
+        assert (await client.wait(other.id, timeout=20)).status == "cancelled"
+        # the creation-time filters, each exclusive
+        after = [e.id async for e in client.list(created_after=held.created_at)]
+        assert after == [other.id, failing_retry.id, failing.id]
+        before = [e.id async for e in client.list(created_before=batch[0].created_at)]
+        assert before == [echoed.id]
     monkeypatch.setenv("VERACITY_TOKEN", "vrc_not_a_real_token")
     async with AsyncClient() as client:
         with pytest.raises(Unauthorized):
@@ -207,6 +236,34 @@ def test_a_server_that_never_answers_is_given_up_after_the_timeout() -> None:
             started = time.monotonic()
             with pytest.raises(ServerUnreachable):  # a long poll: its wait plus the timeout
                 client.wait(str(uuid.uuid4()), timeout=1)
+            assert time.monotonic() - started < 4
+
+
+async def test_the_async_client_at_a_server_that_is_down_or_never_answers() -> None:
+    """As the blocking client: refused at once where nothing listens; given up after its
+    timeout where the server accepts and never answers (a long poll: its wait plus the
+    timeout)."""
+    async with AsyncClient(f"http://127.0.0.1:{free_port()}", timeout=2) as client:
+        started = time.monotonic()
+        with pytest.raises(ServerUnreachable, match=r"GET http://127\.0\.0\.1:\d+/v1/exec"):
+            await client.get(str(uuid.uuid4()))
+        with pytest.raises(ServerUnreachable):
+            await client.result(str(uuid.uuid4()), timeout=30)
+        with pytest.raises(ServerUnreachable):
+            await client.submit_many([Submission(ECHO, [1])])
+        assert time.monotonic() - started < 2
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(16)
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        async with AsyncClient(url, timeout=0.5) as client:
+            started = time.monotonic()
+            with pytest.raises(ServerUnreachable):
+                await client.submit(ECHO, 1)
+            assert time.monotonic() - started < 3
+            started = time.monotonic()
+            with pytest.raises(ServerUnreachable):
+                await client.wait(str(uuid.uuid4()), timeout=1)
             assert time.monotonic() - started < 4
 
 

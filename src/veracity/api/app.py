@@ -294,9 +294,9 @@ def _define_api(app: APIRouter) -> None:
         ffqn_prefix: Annotated[str | None, Query(max_length=512, pattern=r"^[^\x00]*$")] = None,
         deployment_id: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
         created_after: Annotated[Time | None, Query(
-            description="Only those created at or after this time")] = None,
+            description="Only those created after this time (not at it)")] = None,
         created_before: Annotated[Time | None, Query(
-            description="Only those created before this time")] = None,
+            description="Only those created before this time (not at it)")] = None,
         flagged: Annotated[QueryBool | None, Query(
             description="Only those flagged for an operator (true), or only the others "
                         "(false)")] = None,
