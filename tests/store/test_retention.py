@@ -69,6 +69,9 @@ async def test_ended_executions_go_with_their_history_and_messages_the_rest_stay
     pending = await submit_unique(store)
     paused = await submit_unique(store, paused=True)
     run = await running(store)
+    waiting = await running(store)  # blocked on a message, with no timeout
+    assert (await store.execution_block_if_owned(
+        waiting, wake_at=None, seen_signal=0, events=[], reason="wait")).applied
     clock.set(T0 + 10 * DAY)
     recent = await ended(store)
 
@@ -83,7 +86,9 @@ async def test_ended_executions_go_with_their_history_and_messages_the_rest_stay
     assert sum(b.history for b in batches) == events
     assert await gone(store, *olds)
     assert raw.scalar("SELECT count(*) FROM veracity_messages") == 0
-    assert await present(store, pending.id, paused.id, run.execution_id, recent.id)
+    assert await present(store, pending.id, paused.id, run.execution_id,
+                         waiting.execution_id, recent.id)
+    assert (await get(store, waiting.execution_id)).status == Status.BLOCKED
     # unfinished rows are not even read: only ended top-level ones are candidates
     assert sum(b.roots for b in batches) == 4
     assert (await get(store, run.execution_id)).status == Status.RUNNING
