@@ -159,3 +159,27 @@ async def test_submit_from_file_of_more_than_a_thousand_lines(
     assert body["items"][2050]["id"] == body["items"][5]["id"]
     assert [e["params"][1] for e in body["items"][:3]] == [0, 1, 2]
     assert await _count(store) == 2099
+
+
+async def test_submit_from_file_refused_in_a_later_thousand_keeps_the_ones_before(
+    database_url: str, tmp_path: Path, store: Store
+) -> None:
+    """A conflict found only when a later thousand is written (an idempotency key already
+    used with other params) refuses that thousand and those after it; the thousands before
+    it stay submitted and the message says so. With a key on every line, running the file
+    again once mended submits the rest and answers the others their executions."""
+    env = base_env(database_url)
+    lines: list[object] = [{"ffqn": ORDERS, "params": [f"o-{i}", i], "idempotency_key": f"k{i}"}
+                           for i in range(2100)]
+    lines[1500] = {"ffqn": ORDERS, "params": ["other", 0], "idempotency_key": "k5"}
+    jobs = _write(tmp_path / "conflict.jsonl", lines)
+    result = run(["submit", "--from-file", str(jobs)], env, tmp_path)
+    assert result.returncode == 1, result
+    assert "lines before 1001 were submitted" in result.stderr, result.stderr
+    assert f"{jobs}:1501: " in result.stderr, result.stderr
+    assert await _count(store) == 1000
+    lines[1500] = {"ffqn": ORDERS, "params": ["o-1500", 1500], "idempotency_key": "k1500"}
+    body = ok_json(run(["submit", "--from-file", str(_write(jobs, lines)), "--json"],
+                       env, tmp_path))
+    assert body["created"] == [False] * 1000 + [True] * 1100
+    assert await _count(store) == 2100
