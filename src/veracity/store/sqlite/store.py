@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import heapq
+import itertools
 import json
 import logging
 import os
@@ -133,6 +135,19 @@ def row_to_execution(row: sqlite3.Row) -> Execution:
         retry_of=uuid.UUID(row["retry_of"]) if row["retry_of"] else None,
         started_at=from_us(row["started_at"]) if row["started_at"] is not None else None,
     )
+
+
+def _prefix_end(prefix: str) -> str:
+    """The least string above every string that starts with ``prefix``, in code point
+    order (SQLite's BINARY order of UTF-8 text): its last character's successor (past the
+    surrogates, which no stored text holds). With no successor, a string above any FFQN
+    (512 characters at most)."""
+    while prefix:
+        last = ord(prefix[-1])
+        if last < 0x10FFFF:
+            return prefix[:-1] + chr(0xE000 if 0xD800 <= last + 1 <= 0xDFFF else last + 1)
+        prefix = prefix[:-1]
+    return "\U0010ffff" * 513
 
 
 def _opt_time(value: int | None) -> datetime | None:
@@ -401,8 +416,41 @@ class SqliteStore(SharedMethods):
             "cursor_id": str(after.id) if after else None,
             "limit": limit,
         }
-        rows = await self._run(self._all, "execution_list", params)
+        rows = await self._run(self._list_rows, filter, params)
         return [row_to_execution(r) for r in rows]
+
+    def _list_rows(self, filter: ExecutionFilter, params: dict[str, Any]) -> list[sqlite3.Row]:
+        """A page of the list, read from the index of its leading filter (queries.sql,
+        execution_list): one query per status or per workflow name with the prefix, their
+        pages merged, all in one read transaction (one snapshot)."""
+        if filter.statuses:
+            query, key, values = (
+                "execution_list_by_status", "status", sorted({str(s) for s in filter.statuses}))
+        elif filter.ffqn_prefix is not None:
+            query, key, values = "execution_list_by_ffqn", "ffqn", []
+        elif filter.deployment_id is not None:
+            return self._all("execution_list_by_deployment", params)
+        elif filter.flagged:
+            return self._all("execution_list_flagged", params)
+        else:
+            return self._all("execution_list", params)
+        conn = self._c()
+        conn.execute("BEGIN")
+        try:
+            if key == "ffqn":
+                found = conn.execute(Q["execution_list_ffqns"], {
+                    "ffqn_prefix": filter.ffqn_prefix,
+                    "ffqn_end": _prefix_end(filter.ffqn_prefix or "")}).fetchall()
+                values = [r["ffqn"] for r in found]
+            pages = [conn.execute(Q[query], {**params, key: v}).fetchall() for v in values]
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        if len(pages) == 1:
+            return pages[0]
+        merged = heapq.merge(*pages, key=lambda r: (r["created_at"], r["id"]), reverse=True)
+        return list(itertools.islice(merged, params["limit"]))
 
     async def history_list(
         self, execution_id: uuid.UUID, *, after_seq: int = 0, limit: int = 1000
