@@ -23,7 +23,9 @@ from __future__ import annotations
 import re
 import shutil
 import sqlite3
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,7 +33,7 @@ import pytest
 
 from tests.conftest import run_async
 from veracity.core.states import Status
-from veracity.models import ExecutionFilter
+from veracity.models import ExecutionFilter, ListCursor
 from veracity.store import open_store
 from veracity.store.sqlite.store import SqliteStore, _prefix_end
 
@@ -133,9 +135,10 @@ def database(request: pytest.FixtureRequest, filled: Path) -> Iterator[Path]:
     path.unlink()
 
 
-def run_list(path: Path, filter: ExecutionFilter) -> tuple[int, list[tuple[str, Any]], int]:
-    """The store's first page for ``filter``: its length, the statements it ran and the
-    virtual machine's instructions they took (in tens)."""
+def run_list(path: Path, filter: ExecutionFilter, after: ListCursor | None = None
+             ) -> tuple[int, list[tuple[str, Any]], int]:
+    """The store's page for ``filter`` (the first, or the one after ``after``): its length,
+    the statements it ran and the virtual machine's instructions they took (in tens)."""
     ticks = [0]
 
     def tick() -> int:
@@ -150,7 +153,7 @@ def run_list(path: Path, filter: ExecutionFilter) -> tuple[int, list[tuple[str, 
             recording = Recording(store._c())
             store._conn = cast(sqlite3.Connection, recording)
             await store._run(recording.conn.set_progress_handler, tick, 10)
-            rows = await store.execution_list(filter, limit=LIMIT)
+            rows = await store.execution_list(filter, limit=LIMIT, after=after)
             await store._run(recording.conn.set_progress_handler, None, 0)
             store._conn = recording.conn
         finally:
@@ -184,6 +187,44 @@ def test_each_filter_reads_its_first_page_from_its_index(
                    for line in lines), (name, lines)
     _, _, unfiltered = run_list(database, ExecutionFilter())
     # a page of each of the two statuses or names, and the names' probes: a few pages
+    assert ticks <= 4 * unfiltered, (name, ticks, unfiltered)
+
+
+DEEP = 15_000
+"""How far down the list (newest first) the deep pages below start."""
+
+
+def _row(i: int) -> tuple[datetime, uuid.UUID]:
+    """Row ``i`` of FILL: its created_at and id."""
+    at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=1893456000000000 + i * 10**6)
+    return at, uuid.UUID(f"{i:08x}-0000-4000-8000-{i * 7919:012x}")
+
+
+DEEP_PAGES: list[tuple[str, ExecutionFilter, bool]] = [
+    ("unfiltered, after a cursor", ExecutionFilter(), True),
+    ("status=completed, after a cursor", ExecutionFilter(statuses=(Status.COMPLETED,)), True),
+    ("deployment_id common, after a cursor", ExecutionFilter(deployment_id="dep-1"), True),
+    ("flagged=false, after a cursor", ExecutionFilter(flagged=False), True),
+    ("created_before", ExecutionFilter(created_before=_row(ROWS - DEEP)[0]), False),
+    ("status=completed, created_before",
+     ExecutionFilter(statuses=(Status.COMPLETED,), created_before=_row(ROWS - DEEP)[0]), False),
+]
+
+
+@pytest.mark.parametrize(("name", "filter", "cursor"), DEEP_PAGES, ids=[d[0] for d in DEEP_PAGES])
+def test_a_page_far_down_the_list_reads_about_a_page(
+    database: Path, name: str, filter: ExecutionFilter, cursor: bool
+) -> None:
+    """The cursor and the dates bound the index's range (queries.sql, execution_list): the
+    page after the 15,000th newest execution, or before a created_before that far down,
+    reads about a page, not the 15,000 rows newer than it."""
+    at, id_ = _row(ROWS - DEEP)
+    found, statements, ticks = run_list(database, filter, ListCursor(at, id_) if cursor else None)
+    assert found == LIMIT, (name, found)
+    reads = [(sql, params) for sql, params in statements if "veracity_executions" in sql]
+    lines = [line for sql, params in reads for line in plan(database, sql, params)]
+    assert any("(created_at,id)<(?,?)" in line for line in lines), (name, lines)
+    _, _, unfiltered = run_list(database, ExecutionFilter())
     assert ticks <= 4 * unfiltered, (name, ticks, unfiltered)
 
 

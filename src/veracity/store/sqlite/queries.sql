@@ -81,35 +81,26 @@ LIMIT 1
 SELECT * FROM veracity_executions WHERE id = :id
 
 -- name: execution_list
--- Newest first. Each filter's term is skipped when its parameter is NULL, a form no index
--- can answer: this query reads veracity_executions_created, in the list's order, and is
--- what SqliteStore.execution_list runs without a status, an FFQN prefix, a deployment or
--- flagged=true (the dates and the cursor alone, or nothing). Those go to the queries
--- below, each comparing the expression its index (migration 0017) is keyed on, which no
--- other query names: a status leads, else a prefix, else a deployment, else flagged, as on
--- PostgreSQL, and the other filters are checked on each row read.
+-- Newest first; SqliteStore.execution_list runs it with its first term, `true`, replaced
+-- by the term of the index its page is read from: a status leads (one page per status
+-- asked for, merged), else a workflow name (one page per name with the FFQN prefix, found
+-- by execution_list_ffqns, merged), else a deployment, else flagged=true, as on
+-- PostgreSQL; with none of them, `true` stays and the page is read from
+-- veracity_executions_created. Each leading term compares the expression its index
+-- (migration 0017) is keyed on, which no other query names; the other filters are
+-- skipped when their parameter is NULL, a form no index can answer, and checked on each
+-- row read. The dates and the cursor are bounds of the index's range, always given (the
+-- store puts the earlier of created_before and the cursor in :upper_at, :upper_id, and a
+-- bound beyond every row for one not asked for): a page after the cursor reads about a
+-- page, however far down the list.
 SELECT * FROM veracity_executions
-WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
+WHERE true
+  AND (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
   AND (:ffqn_prefix IS NULL OR substr(ffqn, 1, length(:ffqn_prefix)) = :ffqn_prefix)
   AND (:deployment_id IS NULL OR deployment_id = :deployment_id)
-  AND (:created_after IS NULL OR created_at > :created_after)
-  AND (:created_before IS NULL OR created_at < :created_before)
+  AND created_at > :lower_at
   AND (:flagged IS NULL OR (flagged_at IS NOT NULL) = :flagged)
-  AND (:cursor_at IS NULL OR (created_at, id) < (:cursor_at, :cursor_id))
-ORDER BY created_at DESC, id DESC
-LIMIT :limit
-
--- name: execution_list_by_status
--- One status's newest rows, from veracity_executions_status_created: the store runs it for
--- each status asked for and merges the pages.
-SELECT * FROM veracity_executions
-WHERE CAST(status AS TEXT) = :status
-  AND (:ffqn_prefix IS NULL OR substr(ffqn, 1, length(:ffqn_prefix)) = :ffqn_prefix)
-  AND (:deployment_id IS NULL OR deployment_id = :deployment_id)
-  AND (:created_after IS NULL OR created_at > :created_after)
-  AND (:created_before IS NULL OR created_at < :created_before)
-  AND (:flagged IS NULL OR (flagged_at IS NOT NULL) = :flagged)
-  AND (:cursor_at IS NULL OR (created_at, id) < (:cursor_at, :cursor_id))
+  AND (created_at, id) < (:upper_at, :upper_id)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
@@ -126,45 +117,6 @@ WITH RECURSIVE names (ffqn) AS (
     FROM names AS n WHERE n.ffqn IS NOT NULL
 )
 SELECT ffqn FROM names WHERE ffqn IS NOT NULL
-
--- name: execution_list_by_ffqn
--- One workflow name's newest rows, from veracity_executions_ffqn_created: the store runs it
--- for each name execution_list_ffqns found and merges the pages.
-SELECT * FROM veracity_executions
-WHERE CAST(ffqn AS TEXT) = :ffqn
-  AND (:deployment_id IS NULL OR deployment_id = :deployment_id)
-  AND (:created_after IS NULL OR created_at > :created_after)
-  AND (:created_before IS NULL OR created_at < :created_before)
-  AND (:flagged IS NULL OR (flagged_at IS NOT NULL) = :flagged)
-  AND (:cursor_at IS NULL OR (created_at, id) < (:cursor_at, :cursor_id))
-ORDER BY created_at DESC, id DESC
-LIMIT :limit
-
--- name: execution_list_by_deployment
--- One deployment's newest rows, from veracity_executions_deployment_created.
-SELECT * FROM veracity_executions
-WHERE CAST(deployment_id AS TEXT) = :deployment_id
-  AND (:ffqn_prefix IS NULL OR substr(ffqn, 1, length(:ffqn_prefix)) = :ffqn_prefix)
-  AND (:created_after IS NULL OR created_at > :created_after)
-  AND (:created_before IS NULL OR created_at < :created_before)
-  AND (:flagged IS NULL OR (flagged_at IS NOT NULL) = :flagged)
-  AND (:cursor_at IS NULL OR (created_at, id) < (:cursor_at, :cursor_id))
-ORDER BY created_at DESC, id DESC
-LIMIT :limit
-
--- name: execution_list_flagged
--- Flagged executions, newest first, from veracity_executions_flagged_created (0012), which
--- holds only them: the query names its WHERE term, as SQLite needs to use a partial index.
-SELECT * FROM veracity_executions
-WHERE flagged_at IS NOT NULL
-  AND (:ffqn_prefix IS NULL OR substr(ffqn, 1, length(:ffqn_prefix)) = :ffqn_prefix)
-  AND (:deployment_id IS NULL OR deployment_id = :deployment_id)
-  AND (:created_after IS NULL OR created_at > :created_after)
-  AND (:created_before IS NULL OR created_at < :created_before)
-  AND (:flagged IS NULL OR (flagged_at IS NOT NULL) = :flagged)
-  AND (:cursor_at IS NULL OR (created_at, id) < (:cursor_at, :cursor_id))
-ORDER BY created_at DESC, id DESC
-LIMIT :limit
 
 -- name: history_list
 SELECT * FROM veracity_history

@@ -137,6 +137,29 @@ def row_to_execution(row: sqlite3.Row) -> Execution:
     )
 
 
+def _list_query(lead: str) -> str:
+    """execution_list read from the index whose expression ``lead`` compares (queries.sql,
+    execution_list: its first term, ``true``, is the one replaced)."""
+    query = Q["execution_list"]
+    assert "\nWHERE true\n" in query, "execution_list's first term is not `true`"
+    return query.replace("\nWHERE true\n", f"\nWHERE {lead}\n", 1)
+
+
+_LIST = {
+    "status": _list_query("CAST(status AS TEXT) = :status"),
+    "ffqn": _list_query("CAST(ffqn AS TEXT) = :ffqn"),
+    "deployment": _list_query("CAST(deployment_id AS TEXT) = :deployment_id"),
+    "flagged": _list_query("flagged_at IS NOT NULL"),
+}
+"""The list's page by its leading filter: the indexes of migration 0017 (and 0012's of the
+flagged ones)."""
+
+_NO_LOWER_AT = -(2**63)
+"""A lower bound of created_at below every row's (microseconds since the epoch, INTEGER)."""
+_NO_UPPER_AT = 2**63 - 1
+"""An upper bound of created_at above every row's."""
+
+
 def _prefix_end(prefix: str) -> str:
     """The least string above every string that starts with ``prefix``, in code point
     order (SQLite's BINARY order of UTF-8 text): its last character's successor (past the
@@ -405,15 +428,22 @@ class SqliteStore(SharedMethods):
     ) -> list[Execution]:
         check_filter(filter)
         require_aware(after.created_at if after else None)
+        # the range of (created_at, id) a page reads (queries.sql, execution_list): above
+        # created_after; below the earlier of created_before (any id) and the cursor
+        upper = (_NO_UPPER_AT, "")
+        if filter.created_before is not None:
+            upper = (to_us(filter.created_before), "")
+        if after is not None:
+            upper = min(upper, (to_us(after.created_at), str(after.id)))
         params = {
             "statuses": _dumps([str(s) for s in filter.statuses]) if filter.statuses else None,
             "ffqn_prefix": filter.ffqn_prefix,
             "deployment_id": filter.deployment_id,
-            "created_after": to_us(filter.created_after) if filter.created_after else None,
-            "created_before": to_us(filter.created_before) if filter.created_before else None,
+            "lower_at": (to_us(filter.created_after) if filter.created_after is not None
+                         else _NO_LOWER_AT),
+            "upper_at": upper[0],
+            "upper_id": upper[1],
             "flagged": None if filter.flagged is None else int(filter.flagged),
-            "cursor_at": to_us(after.created_at) if after else None,
-            "cursor_id": str(after.id) if after else None,
             "limit": limit,
         }
         rows = await self._run(self._list_rows, filter, params)
@@ -424,14 +454,16 @@ class SqliteStore(SharedMethods):
         execution_list): one query per status or per workflow name with the prefix, their
         pages merged, all in one read transaction (one snapshot)."""
         if filter.statuses:
-            query, key, values = (
-                "execution_list_by_status", "status", sorted({str(s) for s in filter.statuses}))
+            # the leading term checks the status: the statuses' own term is left out
+            key, values = "status", sorted({str(s) for s in filter.statuses})
+            params = {**params, "statuses": None}
         elif filter.ffqn_prefix is not None:
-            query, key, values = "execution_list_by_ffqn", "ffqn", []
+            key, values = "ffqn", []
+            params = {**params, "ffqn_prefix": None}  # each name found has the prefix
         elif filter.deployment_id is not None:
-            return self._all("execution_list_by_deployment", params)
+            return self._c().execute(_LIST["deployment"], params).fetchall()
         elif filter.flagged:
-            return self._all("execution_list_flagged", params)
+            return self._c().execute(_LIST["flagged"], params).fetchall()
         else:
             return self._all("execution_list", params)
         conn = self._c()
@@ -442,7 +474,7 @@ class SqliteStore(SharedMethods):
                     "ffqn_prefix": filter.ffqn_prefix,
                     "ffqn_end": _prefix_end(filter.ffqn_prefix or "")}).fetchall()
                 values = [r["ffqn"] for r in found]
-            pages = [conn.execute(Q[query], {**params, key: v}).fetchall() for v in values]
+            pages = [conn.execute(_LIST[key], {**params, key: v}).fetchall() for v in values]
         except BaseException:
             conn.execute("ROLLBACK")
             raise
