@@ -107,11 +107,17 @@ class AsyncDatabaseClient:
 
     async def open(self) -> AsyncDatabaseClient:
         """Connect (once; later calls do nothing). A database that does not answer is
-        :class:`veracity.client.DatabaseUnavailable` (after the connection's timeout)."""
+        :class:`veracity.client.DatabaseUnavailable` (after the connection's timeout); one
+        without Veracity's tables, or reached through a connection pooler that does not
+        keep sessions (docs/scaling.md, "Connection poolers"), a
+        :class:`veracity.errors.ConfigError`."""
         if self._runtime is None:
             runtime = await self._do(open_runtime(self.settings, app=self._app))
             try:  # one read: a database without Veracity's tables is said so now
                 await self._do(runtime.store.execution_get(uuid.UUID(int=0)))
+                # and its waits are woken by notifications: a pooler in transaction mode
+                # drops them (docs/scaling.md, "Connection poolers")
+                await runtime.store.check_session()
             except Exception as exc:
                 await runtime.close()
                 cause = exc.__cause__ or exc

@@ -121,6 +121,11 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
         # a secret a binding names and nobody defined stops the start (docs/http.md)
         bindings = resolve_http(settings)
         runtime: Runtime = await open_runtime(settings, migrate=True, engines=True)
+        try:  # a pooler in transaction mode: refuse to run (docs/scaling.md)
+            await runtime.store.check_session()
+        except BaseException:
+            await runtime.close()
+            raise
         runtime.service.metrics = ServiceMetrics(registry)
         runtime.service.telemetry = telemetry
         api.state.service = runtime.service

@@ -13,15 +13,15 @@ What they pin:
   notification, psycopg's prepared statements, one single-runner lock holder at a time (and
   the silent holder's lock ended by ``idle_session_timeout``); every Veracity connection
   holds a server connection (the pool must have one for each, or the extra ones wait).
-- **transaction mode**: `veracity migrate` works; the rest breaks: psycopg's prepared
-  statements (``prepared statement "_pg3_0" already exists``, and a statement prepared by
-  another client run in place of one's own, with a wrong answer), LISTEN (notifications
-  are dropped: a hand-off is never started), the single-runner lock (two holders at once;
-  a lock left held by a server connection other clients use), the sessions' settings
-  (``jit``, ``plan_cache_mode`` and ``idle_session_timeout`` leak to other clients). With
-  psycopg's prepared statements off (Veracity has no setting for it: patched here through a
-  ``sitecustomize``) and ``worker.notifications = false``, a server and a worker run
-  executions by polling.
+- **transaction mode**: `veracity migrate` works; a server, a worker and
+  ``AsyncDatabaseClient`` refuse to start (the notification their start sends to their own
+  connection never arrives: PostgresStore.check_session). What running would break, shown
+  with psycopg and the store on their own: psycopg's prepared statements (``prepared
+  statement "_pg3_0" already exists``, and a statement prepared by another client run in
+  place of one's own, with a wrong answer), LISTEN (notifications are dropped), the
+  single-runner lock (two holders at once; a lock left held by a server connection other
+  clients use), the sessions' settings (``jit``, ``plan_cache_mode`` and
+  ``idle_session_timeout`` leak to other clients).
 
 The ``pgbouncer`` binary is needed: where it is missing the tests fail saying to install it
 (``apt-get install pgbouncer``); they are never skipped.
@@ -40,7 +40,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -52,7 +51,6 @@ from psycopg.rows import tuple_row
 
 from tests._pg import create_database, drop_database, free_port, with_database
 from tests.worker._procs import (
-    REPO_ROOT,
     Processes,
     WorkerProcess,
     veracity_bin,
@@ -531,10 +529,6 @@ async def offer_out(db_url: str) -> bool:
         return bool(await fetch_one(conn, "SELECT count(*) FROM veracity_offers"))
 
 
-def seconds(start: str, end: str) -> float:
-    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
-
-
 SPAN = "test:span/run.fn"
 """A workflow of tests.workflows that runs for the seconds it is given."""
 
@@ -572,107 +566,57 @@ async def test_session_mode_runs_a_server_and_a_worker_with_hand_offs_and_woken_
     assert server.alive and worker.alive, procs.describe()
 
 
+REFUSED = "did not arrive within"
+"""What a server's or a worker's start says through a pooler that does not keep sessions
+(PostgresStore.check_session)."""
+
+
+async def exits(process: WorkerProcess, within: float, procs: Processes) -> int:
+    await wait_until(lambda: not process.alive, within, interval=0.1,
+                     what=f"{process.name} to exit", describe=procs.describe)
+    code = process.returncode
+    assert code is not None
+    return code
+
+
 @pytest.mark.slow
-async def test_transaction_mode_breaks_a_server_and_a_worker_on_prepared_statements(
+async def test_a_server_and_a_worker_refuse_to_start_through_transaction_mode(
     bouncers: Bouncers, procs: Processes
 ) -> None:
-    """Through transaction mode, at Veracity's settings (psycopg's prepared statements on):
-    within seconds of submissions and long polls, the server's or the worker's statements
-    fail with ``prepared statement "_pg3_N" already exists`` or ``... does not exist``."""
+    """Through transaction mode a server and a worker each check at start that a
+    notification sent from their pool reaches a connection of theirs that listens for it;
+    it never does (the listening client is not linked to a server connection while it
+    waits: the LISTEN test above), so each exits with an error naming the cause, before
+    serving or claiming anything: the prepared statements run with another client's
+    parameters, the stranded hand-offs and the doubled locks that running would bring
+    (tests above) never happen. Through session mode both start (the test before)."""
     url = bouncers.start("transaction").url(bouncers.dbname)
-    server, worker, api = await start_stack(procs, url, {"VERACITY_WORKER_HANDOFF": "false"})
-
-    def failed() -> bool:
-        return any(PREPARED.search(p.stderr_text()) for p in (server, worker))
-
-    async with httpx.AsyncClient(base_url=api, timeout=30) as client:
-        deadline = time.monotonic() + 20
-        while not failed() and time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                posted = await client.post("/v1/executions", json={
-                    "ffqn": "test:echo/run.fn", "params": [1]})
-                if posted.status_code == 201:
-                    await client.get(f"/v1/executions/{posted.json()['id']}",
-                                     params={"wait": "0.5s"})
-    assert failed(), procs.describe()
+    server = procs.worker(url, "server", argv=[veracity_bin(), "server", "--no-worker"],
+                          env={"VERACITY_PORT": str(free_port())})
+    worker = procs.worker(url, "worker")
+    assert await exits(server, 30, procs) != 0
+    assert await exits(worker, 30, procs) != 0
+    for process in (server, worker):
+        text = process.stderr_text()
+        assert REFUSED in text and "transaction mode" in text, process.describe()
+        assert "Connection poolers" in text, process.describe()
+    async with await psycopg.AsyncConnection.connect(bouncers.db_url, autocommit=True) as conn:
+        assert await fetch_one(conn, "SELECT count(*) FROM veracity_workers") == 0
+        assert await fetch_one(conn, "SELECT count(*) FROM veracity_offers") == 0
 
 
-def without_prepared_statements(folder: Path) -> dict[str, str]:
-    """The environment of processes whose psycopg connections never prepare a statement
-    (``prepare_threshold=None``), which Veracity has no setting for: a ``sitecustomize``
-    (so the test is marked ``real_exec``: the processes exec the script and run it)."""
-    folder.mkdir()
-    (folder / "sitecustomize.py").write_text(
-        "import psycopg\n"
-        "_connect = psycopg.AsyncConnection.connect.__func__\n"
-        "async def connect(cls, *args, **kwargs):\n"
-        "    kwargs['prepare_threshold'] = None\n"
-        "    return await _connect(cls, *args, **kwargs)\n"
-        "psycopg.AsyncConnection.connect = classmethod(connect)\n"
-    )
-    return {"PYTHONPATH": os.pathsep.join([str(folder), str(REPO_ROOT)])}
-
-
-@pytest.mark.slow
-@pytest.mark.real_exec
-async def test_transaction_mode_strands_a_hand_off_the_worker_never_hears_of(
-    bouncers: Bouncers, procs: Processes, tmp_path: Path
+async def test_the_database_client_refuses_to_open_through_transaction_mode(
+    bouncers: Bouncers
 ) -> None:
-    """Through transaction mode, even with psycopg's prepared statements off, at the
-    default ``worker.notifications = true``: a submission takes the idle worker's offer and
-    is answered ``running``, leased to that worker, but the hand-off's notification never
-    reaches it (its LISTEN ran on a server connection that went back to the pool), so the
-    workflow never starts; its long poll answers at its timeout, still ``running`` (until
-    the lease expires and recovery runs it again)."""
-    bouncer = bouncers.start("transaction")
-    url = bouncer.url(bouncers.dbname)
-    env = without_prepared_statements(tmp_path / "site")
-    server, worker, api = await start_stack(procs, url, env)
-    marks = tmp_path / "marks"
-    async with httpx.AsyncClient(base_url=api, timeout=30) as client:
-        await wait_until(lambda: offer_out(bouncers.db_url), 10, what="the worker's offer",
-                         describe=procs.describe)
-        posted = await client.post("/v1/executions", json={"ffqn": SPAN,
-                                                           "params": [str(marks), 0.1]})
-        assert posted.status_code == 201, posted.text
-        assert posted.json()["status"] == "running"  # handed off
-        began = time.monotonic()
-        got = await client.get(f"/v1/executions/{posted.json()['id']}", params={"wait": "2s"})
-        waited = time.monotonic() - began
-    assert got.json()["status"] == "running", got.text
-    assert got.json()["lease_owner"] == worker.worker_id()
-    assert waited >= 1.9
-    assert not marks.exists()  # the workflow never started
-    assert not any(PREPARED.search(p.stderr_text()) for p in (server, worker))
+    """``AsyncDatabaseClient`` makes the same check when it opens (its waits are woken by
+    notifications, its statements prepared): a ConfigError naming the cause."""
+    from veracity import AsyncDatabaseClient
+    from veracity.errors import ConfigError
 
-
-@pytest.mark.slow
-@pytest.mark.real_exec
-async def test_transaction_mode_runs_executions_by_polling_without_notifications(
-    bouncers: Bouncers, procs: Processes, tmp_path: Path
-) -> None:
-    """Through transaction mode with psycopg's prepared statements off and
-    ``worker.notifications = false`` (which also turns hand-offs off): submissions are
-    answered ``pending``, the worker finds them by polling (submit-to-start within its 1 s
-    ``worker.poll_interval``), and each long poll answers once the execution has ended,
-    found by the server's recheck (within about a second of the end), not at its timeout."""
     url = bouncers.start("transaction").url(bouncers.dbname)
-    env = without_prepared_statements(tmp_path / "site")
-    server, worker, api = await start_stack(procs, url, {
-        **env, "VERACITY_WORKER_NOTIFICATIONS": "false"})
-    async with httpx.AsyncClient(base_url=api, timeout=30) as client:
-        for _ in range(2):
-            posted = await client.post("/v1/executions", json={
-                "ffqn": SPAN, "params": [str(tmp_path / "marks"), 0.3]})
-            assert posted.status_code == 201, posted.text
-            assert posted.json()["status"] == "pending"
-            began = time.monotonic()
-            got = await client.get(f"/v1/executions/{posted.json()['id']}",
-                                   params={"wait": "5s"})
-            waited = time.monotonic() - began
-            done = got.json()
-            assert done["status"] == "completed", done
-            assert seconds(done["created_at"], done["started_at"]) < 1.5, done
-            assert waited < 4, waited  # not the 5 s timeout
-    assert not any(PREPARED.search(p.stderr_text()) for p in (server, worker))
-    assert server.alive and worker.alive, procs.describe()
+    with pytest.raises(ConfigError, match=REFUSED):
+        async with AsyncDatabaseClient(url, app="tests.workflows:app"):
+            pass
+    session = bouncers.start("session").url(bouncers.dbname)
+    async with AsyncDatabaseClient(session, app="tests.workflows:app") as client:
+        assert (await client.submit("test:echo/run.fn", 1)).status == "pending"

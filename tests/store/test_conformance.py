@@ -11,6 +11,7 @@ in ``test_coordination.py``.
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -70,6 +71,15 @@ async def test_migrate_on_empty_database_applies_every_version_once(
     finally:
         await s.close()
     assert RawSQL(empty_database_url).migration_versions() == all_versions(backend)
+
+
+async def test_a_store_connected_directly_keeps_its_sessions(store: Store) -> None:
+    """check_session passes at once on a direct connection (on PostgreSQL its notification
+    arrives within milliseconds); through a pooler in transaction mode it refuses
+    (tests/pooler/test_pgbouncer.py)."""
+    started = time.monotonic()
+    await store.check_session()
+    assert time.monotonic() - started < 2
 
 
 async def test_ping_answers_while_open_and_raises_once_closed(

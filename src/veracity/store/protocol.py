@@ -77,6 +77,12 @@ class ReadStore(Protocol):
     async def ping(self) -> None:
         """Raise if the database does not answer."""
 
+    async def check_session(self) -> None:
+        """Raise :class:`veracity.errors.ConfigError` if the store's connections do not keep
+        their sessions (PostgreSQL through a connection pooler in transaction mode:
+        docs/scaling.md, "Connection poolers"); a server and a worker check at start.
+        SQLite has nothing to check."""
+
     async def db_now(self) -> datetime:
         """The store's clock (the injected one, else the database's)."""
 

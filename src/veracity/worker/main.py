@@ -121,6 +121,11 @@ async def run_worker(settings: Settings) -> int:
     store = await open_store_patiently(settings, stop)
     if store is None:
         return 0
+    try:  # a pooler in transaction mode: refuse to run (docs/scaling.md, Connection poolers)
+        await store.check_session()
+    except BaseException:
+        await store.close()
+        raise
     engines = build_engines(external)
     try:
         telemetry = Telemetry()

@@ -26,6 +26,10 @@ INSERT INTO veracity_migrations (version, name) VALUES (%(version)s, %(name)s)
 -- name: ping
 SELECT 1 AS ok
 
+-- name: session_check_notify
+-- PostgresStore.check_session: a notification on a channel of the checking process's own.
+SELECT pg_notify(%(channel)s, '') AS sent
+
 -- name: execution_submit
 -- One submission and its first event. Answers only what the database chose (the id tells
 -- an insert from a conflict; the times; the lease of a hand-off); the store builds the

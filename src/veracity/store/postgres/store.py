@@ -24,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from veracity.clock import Clock
 from veracity.core.states import Status
+from veracity.errors import ConfigError
 from veracity.models import (
     JSON,
     WAIT_EVENT_KINDS,
@@ -225,6 +226,9 @@ that, connections are opened on demand, so recovery never waits on a long back-o
 POOL_WAIT = 3.0
 """Seconds a statement waits for a free connection before failing (a database outage is
 then answered within 5 s)."""
+SESSION_CHECK_WAIT = 5.0
+"""Seconds ``check_session`` waits for its notification (it comes within milliseconds
+wherever sessions are kept)."""
 LOCK_SILENCE = 3.0
 """Seconds a single-runner lock's session may sit silent before the server ends it, and the
 lock with it (``idle_session_timeout``): the holder pings it a few times within that while
@@ -395,6 +399,32 @@ class PostgresStore(SharedMethods):
 
     async def ping(self) -> None:
         await self._fetchall("ping", {})
+
+    async def check_session(self, wait: float = SESSION_CHECK_WAIT) -> None:
+        """Raise :class:`ConfigError` unless a notification sent from the pool reaches a
+        connection of this process that listens for it. A connection pooler in transaction
+        mode drops it: the client that listened is not linked to a server connection while
+        it waits. Through such a pooler Veracity's sessions are not kept, and with them its
+        notifications (an execution handed off to a worker that never hears of it), psycopg's
+        prepared statements (one client's run with another's parameters) and its
+        single-runner locks break (docs/scaling.md, "Connection poolers"): a server and a
+        worker check at start and refuse to run."""
+        channel = f"veracity_session_check_{uuid.uuid4().hex}"
+        conn = await psycopg.AsyncConnection.connect(
+            self._url, autocommit=True, connect_timeout=self._connect_timeout)
+        try:
+            await conn.execute(f"LISTEN {channel}")
+            await self._fetchall("session_check_notify", {"channel": channel})
+            heard = [n async for n in conn.notifies(timeout=wait, stop_after=1)]
+        finally:
+            await conn.close()
+        if not heard:
+            raise ConfigError(
+                f"a notification sent to this process's own database connection did not "
+                f"arrive within {wait:g} s: its connections "
+                "do not keep their sessions, as through a connection pooler in transaction "
+                "mode. Veracity needs each connection's session kept: connect directly, or "
+                "through a pooler in session mode (docs/scaling.md, \"Connection poolers\")")
 
     # -- executions -----------------------------------------------------------------
 

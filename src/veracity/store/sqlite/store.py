@@ -375,6 +375,9 @@ class SqliteStore(SharedMethods):
     async def ping(self) -> None:
         await self._run(self._all, "ping", {})
 
+    async def check_session(self) -> None:
+        """One process's own file: no pooler between it and its sessions."""
+
     # -- executions -----------------------------------------------------------------
 
     async def execution_submit(self, new: NewExecution) -> Submitted:
