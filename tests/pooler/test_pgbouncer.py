@@ -586,18 +586,19 @@ async def test_a_server_and_a_worker_refuse_to_start_through_transaction_mode(
     """Through transaction mode a server and a worker each check at start that a
     notification sent from their pool reaches a connection of theirs that listens for it;
     it never does (the listening client is not linked to a server connection while it
-    waits: the LISTEN test above), so each exits with an error naming the cause, before
-    serving or claiming anything: the prepared statements run with another client's
+    waits: the LISTEN test above), so each exits 1 with one line naming the cause, before
+    binding its port or claiming anything: the prepared statements run with another client's
     parameters, the stranded hand-offs and the doubled locks that running would bring
     (tests above) never happen. Through session mode both start (the test before)."""
     url = bouncers.start("transaction").url(bouncers.dbname)
     server = procs.worker(url, "server", argv=[veracity_bin(), "server", "--no-worker"],
                           env={"VERACITY_PORT": str(free_port())})
     worker = procs.worker(url, "worker")
-    assert await exits(server, 30, procs) != 0
-    assert await exits(worker, 30, procs) != 0
-    for process in (server, worker):
+    assert await exits(server, 30, procs) == 1
+    assert await exits(worker, 30, procs) == 1
+    for process in (server, worker):  # one line each, saying why and where to read
         text = process.stderr_text()
+        assert text.startswith("error: ") and text.count("\n") == 1, process.describe()
         assert REFUSED in text and "transaction mode" in text, process.describe()
         assert "Connection poolers" in text, process.describe()
     async with await psycopg.AsyncConnection.connect(bouncers.db_url, autocommit=True) as conn:

@@ -248,9 +248,32 @@ def server(config_path: str | None, database_url: str | None, app: str | None,
         external = parse_external(settings)  # a misconfigured engine is named at start
         cron_entries(settings, user_app, external)  # and so is a bad [[cron]] entry
         resolve_http(settings)  # and a binding whose secret is not defined
+        if settings.database_url.startswith(("postgresql://", "postgres://")):
+            asyncio.run(_sessions_kept(settings.database_url))  # and a pooler that breaks them
     except ConfigError as exc:
         raise Failure(str(exc)) from None
     sys.exit(run_server(settings, with_worker=with_worker))
+
+
+async def _sessions_kept(url: str) -> None:
+    """The server's check that its connections keep their sessions (Store.check_session,
+    docs/scaling.md, "Connection poolers"), before it binds its port, so that it fails in
+    one line; its start checks again. A database that does not answer is left to that
+    start, which waits for it."""
+    from veracity.store import open_store
+
+    try:
+        store = await open_store(url, pool_size=1)
+    except Exception:
+        return
+    try:
+        await store.check_session()
+    except ConfigError:
+        raise
+    except Exception:
+        return
+    finally:
+        await store.close()
 
 
 @cli.command()

@@ -141,7 +141,8 @@ def _list_query(lead: str) -> str:
     """execution_list read from the index whose expression ``lead`` compares (queries.sql,
     execution_list: its first term, ``true``, is the one replaced)."""
     query = Q["execution_list"]
-    assert "\nWHERE true\n" in query, "execution_list's first term is not `true`"
+    if "\nWHERE true\n" not in query:  # pragma: no cover - the file is ours
+        raise RuntimeError("queries.sql: execution_list's first term is not `true`")
     return query.replace("\nWHERE true\n", f"\nWHERE {lead}\n", 1)
 
 
