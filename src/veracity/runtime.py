@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from veracity.adapters import build_engines, close_engines
@@ -13,10 +14,14 @@ from veracity.adapters.config import ExternalConfig, parse_external
 from veracity.adapters.looks import Looker
 from veracity.app import App, load_app
 from veracity.config import Settings
-from veracity.control import ExecutionService
-from veracity.core.cron import CronEntry, parse_cron_entries
 from veracity.core.params import ParamsShape, shapes_of_functions
 from veracity.store import Store, open_store
+
+if TYPE_CHECKING:
+    # imported where they are used: a worker, which opens no runtime, starts without the
+    # service and the cron parser (some 30 ms of its start-up; bench/startup.py)
+    from veracity.control import ExecutionService
+    from veracity.core.cron import CronEntry
 
 
 @dataclass
@@ -66,6 +71,8 @@ def cron_entries(settings: Settings, app: App | None, external: ExternalConfig
     """The ``[[cron]]`` entries, validated against the workflows this configuration has
     (and their params against the signatures of the app's workflows); a ConfigError names
     the entry at fault."""
+    from veracity.core.cron import parse_cron_entries
+
     return parse_cron_entries(settings.cron, workflows=workflows_of(app, external),
                               max_payload_bytes=settings.max_payload_bytes,
                               shapes=shapes_of(app))
@@ -92,6 +99,8 @@ async def open_runtime(settings: Settings, *, migrate: bool = False,
     engines are not configured (their secrets are not needed), and a database that does
     not exist yet is an error instead of being created. ``app``: this App instead of the
     settings' ``app`` (a program that holds its App already)."""
+    from veracity.control import ExecutionService
+
     app = app if app is not None else load_user_app(settings)
     external = ExternalConfig(None, {}, {}) if read_only else parse_external(settings)
     # a command that only reads validates no [[cron]] entry
