@@ -32,6 +32,8 @@ HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
                 60)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+UNFINISHED = tuple(status for status in Status if not status.is_terminal)
+"""The statuses ``veracity_executions`` counts (the store counts these alone)."""
 
 STEP_OUTCOMES = ("completed", "failed")
 LATE_SOURCES = ("worker", "callback")
@@ -107,9 +109,12 @@ class Telemetry:
             "method and route template", ["method", "route"], registry=r,
             buckets=HTTP_BUCKETS)
         self.executions = Gauge(
-            "veracity_executions", "Executions in the database by status, read at each "
-            "scrape of a server", ["status"], registry=r)
-        for status in Status:
+            "veracity_executions", "Unfinished executions in the database by status "
+            "(pending, running, blocked, paused), read at each scrape of a server",
+            ["status"], registry=r)
+        # only the unfinished statuses: the scrape counts those alone (an ended status's
+        # series would say 0 whatever the table holds; docs/operations.md)
+        for status in UNFINISHED:
             self.executions.labels(str(status))
         for source in LATE_SOURCES:
             self.late_reports.labels(source)
@@ -171,8 +176,8 @@ class Telemetry:
         self.flags.labels(by, kind).inc()
 
     def set_counts(self, counts: dict[str, int]) -> None:
-        """The gauge of executions by status, from the database's counts."""
-        for status in Status:
+        """The gauge of unfinished executions by status, from the database's counts."""
+        for status in UNFINISHED:
             self.executions.labels(str(status)).set(counts.get(str(status), 0))
 
 
