@@ -10,8 +10,10 @@ And the README's list of an execution's fields is exactly what the API answers."
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,6 +49,46 @@ def test_the_documents_have_examples_of_each_kind() -> None:
     assert len(examples("python")) >= 10
     assert len(examples("toml")) >= 4
     assert len(examples("sh")) >= 8
+
+
+# Every fence's language, and what checks its blocks: a block tagged otherwise (``bash``,
+# ``console``) would be checked by nothing.
+CHECKED_LANGUAGES = {
+    "python": "run (test_python_examples_run, or a guide's own test)",
+    "toml": "loaded as configuration (test_toml_examples_load_as_configuration)",
+    "sh": "its commands checked (test_veracity_commands_in_examples_exist, curl, make)",
+    "json": "parsed (test_json_examples_parse)",
+    "text": "printed output, compared by a guide's own test where it is one",
+    "mermaid": "a diagram of docs/states.md",
+    "": "output or a diagram",
+}
+
+
+def test_every_fence_is_of_a_language_the_tests_check() -> None:
+    for path in DOCS:
+        for lang, _ in FENCE.findall(path.read_text()):
+            assert lang in CHECKED_LANGUAGES, f"{path.name}: a ```{lang} block"
+
+
+@pytest.mark.parametrize("doc", sorted({p for p, _ in examples("python")}),
+                         ids=lambda p: p.name)
+def test_python_examples_use_no_undefined_name(doc: Path, tmp_path: Path) -> None:
+    """A document's Python, as one module, names nothing it does not define or import
+    (a function body that no test calls would hide it otherwise)."""
+    code = "\n\n".join(body for path, body in examples("python") if path == doc)
+    module_path = tmp_path / f"example_{doc.stem.lower()}.py"
+    module_path.write_text(code)
+    checked = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated",
+         "--select", "F821,F822,F823", "--output-format", "concise", str(module_path)],
+        capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, f"{doc.name}:\n{checked.stdout}{checked.stderr}"
+
+
+@pytest.mark.parametrize(("doc", "body"), examples("json"),
+                         ids=lambda v: v.name if isinstance(v, Path) else "")
+def test_json_examples_parse(doc: Path, body: str) -> None:
+    json.loads(body)
 
 
 def test_server_scripts_are_run_by_their_own_tests() -> None:
@@ -107,20 +149,30 @@ def _commands() -> dict[str, click.Command]:
     return found
 
 
+ENV_PREFIX = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)+")
+SUBSTITUTION = re.compile(r"\$\(((?:\.venv/bin/)?veracity\b[^|)]*)")
+
+
 def _shell_lines() -> list[tuple[Path, str]]:
+    """Each command of the shell blocks: a line without its comment, its environment
+    prefix (``VERACITY_APP=guide:app veracity server``) and its ``for ... do`` head, plus
+    every ``veracity`` command inside a ``$(...)`` (up to a pipe)."""
     out: list[tuple[Path, str]] = []
     for path, body in examples("sh"):
         joined = body.replace("\\\n", " ")
         for line in joined.splitlines():
             line = line.split(" #")[0].strip().rstrip("&").strip()
-            if line and not line.startswith("#"):
-                out.append((path, line))
+            if not line or line.startswith("#"):
+                continue
+            out.extend((path, inner.strip()) for inner in SUBSTITUTION.findall(line))
+            out.append((path, ENV_PREFIX.sub("", line)))
     return out
 
 
 VERACITY_LINES = [(p, line) for p, line in _shell_lines()
                   if re.match(r"(\.venv/bin/)?veracity\b", line)]
 CURL_LINES = [(p, line) for p, line in _shell_lines() if line.startswith("curl ")]
+MAKE_LINES = [(p, line) for p, line in _shell_lines() if line.startswith("make ")]
 
 
 @pytest.mark.parametrize(("doc", "line"), VERACITY_LINES,
@@ -135,6 +187,30 @@ def test_veracity_commands_in_examples_exist(doc: Path, line: str) -> None:
     for word in words[len(name.split()):]:
         if word.startswith("--"):
             assert word.split("=")[0] in taken, f"{doc.name}: {name} takes no {word}"
+
+
+def test_shell_blocks_name_veracity_and_make_commands() -> None:
+    # the checks below have something to check: the guides' commands are found
+    assert len(VERACITY_LINES) >= 30
+    assert any("replay" in line for _, line in VERACITY_LINES)  # inside $(...) and a loop
+    assert any(line.startswith("veracity server") and "VERACITY_APP" not in line
+               for p, line in VERACITY_LINES if p.name == "workflows.md")
+    assert {line.split()[1] for _, line in MAKE_LINES} >= {"run", "test", "mutation"}
+
+
+@pytest.mark.parametrize(("doc", "line"), MAKE_LINES,
+                         ids=[f"{p.name}:{i}" for i, (p, _) in enumerate(MAKE_LINES)])
+def test_make_commands_in_examples_are_targets_of_the_makefile(doc: Path, line: str) -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, flags=re.M))
+    # a variable with a default (SEED ?= 1) or one the recipes read ($(MODULES))
+    variables = set(re.findall(r"^([A-Z]+) \?=|\$\(([A-Z]+)\)", makefile, flags=re.M))
+    variables = {name for pair in variables for name in pair if name}
+    for word in shlex.split(line)[1:]:
+        if "=" in word:
+            assert word.split("=")[0] in variables, f"{doc.name}: make takes no {word}"
+        else:
+            assert word in targets, f"{doc.name}: no make target {word}"
 
 
 @pytest.mark.parametrize(("doc", "line"), CURL_LINES,
@@ -164,3 +240,20 @@ def test_the_readme_lists_exactly_the_fields_of_an_execution() -> None:
     assert listed == list(ExecutionOut.model_fields), (
         "README.md's field list and ExecutionOut differ: "
         f"{sorted(set(listed) ^ set(ExecutionOut.model_fields))}")
+
+
+def test_the_default_step_retry_policy_is_the_one_the_guides_give() -> None:
+    """docs/workers.md writes the default out; docs/workflows.md says what it waits."""
+    from veracity.core.retry import RetryPolicy
+    from veracity.worker.context import DEFAULT_STEP_RETRY
+
+    text = " ".join((ROOT / "docs" / "workers.md").read_text().split())
+    written = re.search(r"Retries: `(RetryPolicy\([^`]*\))` is the default for `ctx.step`",
+                        text)
+    assert written, "docs/workers.md no longer writes the default policy out"
+    assert eval(written.group(1), {"RetryPolicy": RetryPolicy}) == DEFAULT_STEP_RETRY
+    guide = " ".join((ROOT / "docs" / "workflows.md").read_text().split())
+    assert (f"{DEFAULT_STEP_RETRY.max_attempts} tries, waiting about 1, 2, 4, 8 and 16 s "
+            f"in between (±{DEFAULT_STEP_RETRY.jitter * 100:.0f} %)") in guide
+    waits = [DEFAULT_STEP_RETRY.delay(n, 0.5) for n in range(1, DEFAULT_STEP_RETRY.max_attempts)]
+    assert [round(w) for w in waits] == [1, 2, 4, 8, 16]

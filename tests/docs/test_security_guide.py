@@ -66,3 +66,23 @@ def test_the_toml_example_requires_tokens(tmp_path: Path) -> None:
     settings = load_settings(config, env={})
     assert settings.host == "0.0.0.0" and settings.auth.required is True
     assert settings.auth_required is True
+
+
+def test_the_scope_table_names_every_route_of_each_scope() -> None:
+    """The guide's table of scopes lists, under each scope, exactly the API routes that
+    ``ROUTE_ACCESS`` (the one table the server enforces) gives it; ``admin``'s row names
+    the routes only it grants."""
+    from veracity.api.auth import ROUTE_ACCESS
+    from veracity.core.tokens import Scope
+
+    section = GUIDE.read_text().split("## Scopes", 1)[1]
+    listed: dict[str, set[tuple[str, str]]] = {}
+    for scope, routes in re.findall(r"^\| `([a-z:]+)` \| (.*) \|$", section, flags=re.M):
+        listed[scope] = {(method, re.sub(r"\{[^}]*\}", "{}", path)) for method, path in
+                         re.findall(r"`(GET|POST|PUT|DELETE) (/v1/[^`]*)`", routes)}
+    enforced: dict[str, set[tuple[str, str]]] = {}
+    for (method, path), access in ROUTE_ACCESS.items():
+        if path.startswith("/v1/") and isinstance(access, Scope):
+            enforced.setdefault(str(access), set()).add(
+                (method, re.sub(r"\{[^}]*\}", "{}", path)))
+    assert listed == enforced
