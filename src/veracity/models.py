@@ -144,17 +144,32 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class Exit:
+    """What a batched exit from running wrote (the worker's completions, applied), as the
+    database answered: the execution's id, workflow, new status and times, without the
+    rest of its row read back."""
+
+    id: uuid.UUID
+    ffqn: str
+    status: Status
+    started_at: datetime | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class TransitionResult:
     """The outcome of a guarded state change.
 
     ``applied`` is False when the guard refused it (someone else won, or the execution was
     in a state the table does not allow to leave that way); ``execution`` is then the
-    current row, or None if the id does not exist.
+    current row, or None if the id does not exist. A batch of completions answers an
+    applied one with ``exit`` and no ``execution`` (``Store.execution_complete_many_if_owned``).
     """
 
     applied: bool
     execution: Execution | None
     reason: str | None = None
+    exit: Exit | None = None
 
 
 @dataclass(frozen=True, slots=True)

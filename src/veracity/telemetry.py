@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from veracity.core.states import Status
-from veracity.models import Execution
+from veracity.models import Execution, Exit
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -135,8 +135,9 @@ class Telemetry:
             due = max(execution.created_at, execution.scheduled_at)
             self.queued.observe(max(0.0, (execution.updated_at - due).total_seconds()))
 
-    def end(self, execution: Execution | None) -> None:
-        """A transition this process wrote; counted if it ended the execution."""
+    def end(self, execution: Execution | Exit | None) -> None:
+        """A transition this process wrote (the row, or a batched exit's answer); counted if
+        it ended the execution."""
         if execution is None or not execution.status.is_terminal:
             return
         self.end_at(execution.ffqn, execution.status, execution.started_at,

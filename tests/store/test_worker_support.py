@@ -21,7 +21,7 @@ from tests.store._support import (
 )
 from veracity.clock import ManualClock
 from veracity.core.states import Status
-from veracity.models import Claim, WorkerInfo
+from veracity.models import Claim, Exit, WorkerInfo
 from veracity.store import Store, open_store
 
 TTL = timedelta(seconds=30)
@@ -73,12 +73,18 @@ async def test_complete_many_applies_owned_and_refuses_the_rest_in_order(
     )
 
     assert [r.applied for r in results] == [True, False, True, False, False, False]
-    assert results[3].execution is None
-    for r, claim in zip(results, [c1, stale, c2], strict=False):
-        assert r.execution is not None and r.execution.id == claim.execution_id
+    assert results[3].execution is None and results[3].exit is None
     one, two = await get(store, c1.execution_id), await get(store, c2.execution_id)
     assert (one.status, one.result, one.updated_at) == (Status.COMPLETED, {"r": 1}, at)
     assert (two.status, two.result) == (Status.COMPLETED, None)
+    # an applied one answers what it wrote, as stored, and not the row; a refused one the
+    # current row, as a single completion does
+    for r, row in ((results[0], one), (results[2], two)):
+        assert r.execution is None and r.reason is None
+        assert r.exit == Exit(row.id, row.ffqn, Status.COMPLETED, row.started_at, at)
+    for r, claim in ((results[1], stale), (results[4], done), (results[5], theirs)):
+        assert r.exit is None
+        assert r.execution == await get(store, claim.execution_id)
     assert one.lease_owner is None and one.lease_expires_at is None
     three = await get(store, stale.execution_id)
     assert (three.status, three.lease_epoch) == (Status.RUNNING, current.epoch)

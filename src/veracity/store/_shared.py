@@ -61,10 +61,11 @@ class SharedMethods:
     async def _op(self, factory: Callable[[], _ops.Op]) -> Any:
         raise NotImplementedError
 
-    async def _leave_many_if_owned(self, owner: str, items: Sequence[Leave]
-                                   ) -> list[TransitionResult]:
+    async def _leave_many_if_owned(self, owner: str, items: Sequence[Leave], *,
+                                   brief: bool = False) -> list[TransitionResult]:
         """Each item guarded by the lease fence; refusals (a repeat in the batch included)
-        kept as late reports; results in the order of ``items``."""
+        kept as late reports; results in the order of ``items``. ``brief``: an applied
+        item's result carries its :class:`Exit`, not its row."""
         raise NotImplementedError
 
     async def _leave(self, item: Leave) -> TransitionResult:
@@ -80,7 +81,7 @@ class SharedMethods:
         if not items:
             return []
         return await self._leave_many_if_owned(
-            owner, [_completion(claim, result) for claim, result in items])
+            owner, [_completion(claim, result) for claim, result in items], brief=True)
 
     async def execution_fail_if_owned(
         self, claim: Claim, error: JSON, *, transient: bool = False

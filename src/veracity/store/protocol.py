@@ -268,7 +268,10 @@ class WorkerStore(JournalStore, DelegatedWrites, ReadStore, Protocol):
     ) -> list[TransitionResult]:
         """Complete several executions of one owner at once; each row is guarded exactly
         like :meth:`execution_complete_if_owned` (refusals become late reports). Results
-        are in the order of ``items``."""
+        are in the order of ``items``. An applied one carries ``exit`` (id, workflow,
+        status, times as written) and no ``execution``: the worker, its one caller, needs
+        no more, and reading each row back cost it and the database (docs/scaling.md); a
+        refused one carries the current row, as a single completion's does."""
 
     async def execution_checkpoint_many_if_owned(
         self, owner: str, items: Sequence[tuple[Claim, str, JSON]]

@@ -882,7 +882,7 @@ class Worker:
                 result: TransitionResult = await attempt()
                 if self.telemetry is not None:
                     if result.applied:
-                        self.telemetry.end(result.execution)
+                        self.telemetry.end(result.exit or result.execution)
                     elif result.execution is not None:  # refused: kept as a late report
                         self.telemetry.late("worker")
                 return result

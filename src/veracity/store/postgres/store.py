@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import psycopg
-from psycopg.rows import AsyncRowFactory, RowMaker, dict_row
+from psycopg.rows import AsyncRowFactory, RowMaker, dict_row, tuple_row
 from psycopg.types.json import Json, set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
@@ -33,6 +33,7 @@ from veracity.models import (
     DeploymentRecord,
     Execution,
     ExecutionFilter,
+    Exit,
     FoundToken,
     HistoryEvent,
     ListCursor,
@@ -66,6 +67,21 @@ from veracity.store._shared import SharedMethods
 from veracity.store._sql import load_migrations, load_queries
 
 Q = load_queries("veracity.store.postgres")
+
+
+def _brief(query: str) -> str:
+    """The worker's batched exits answer only what its metrics need (``Exit``): the same
+    statement, its last SELECT naming five columns instead of the whole row (for 128
+    completions some 2 ms less of the worker's CPU and 0.5 ms of the database's,
+    bench/README.md)."""
+    whole = "SELECT *, (CASE WHEN status IN"
+    if query.count(whole) != 1:
+        raise RuntimeError("execution_leave_many_if_owned no longer ends as _brief expects")
+    return query.replace(whole, "SELECT id, ffqn, status, started_at, updated_at, "
+                                "(CASE WHEN status IN")
+
+
+Q["execution_leave_many_brief"] = _brief(Q["execution_leave_many_if_owned"])
 MIGRATIONS = load_migrations("veracity.store.postgres")
 # pg_advisory_xact_lock key for migrations: "veracity" in ASCII, as a bigint
 MIGRATION_LOCK_KEY = 0x7665726163697479
@@ -535,11 +551,11 @@ class PostgresStore(SharedMethods):
             False, row_to_execution(row) if row else current, cast(str, late["reason"])
         )
 
-    async def _leave_many_if_owned(self, owner: str, items: Sequence[Leave]
-                                   ) -> list[TransitionResult]:
+    async def _leave_many_if_owned(self, owner: str, items: Sequence[Leave], *,
+                                   brief: bool = False) -> list[TransitionResult]:
         unique = leave_batch(owner, items)
-        rows = await self._executions(
-            "execution_leave_many_if_owned",
+        rows = await self._fetchall(
+            "execution_leave_many_brief" if brief else "execution_leave_many_if_owned",
             {
                 # one JSON array of rows, each value's JSON text a string in it (see
                 # execution_leave_many_if_owned in queries.sql)
@@ -553,13 +569,18 @@ class PostgresStore(SharedMethods):
                     sorted({s for to in {i.to for i in unique} for s in owned_sources(to)})),
                 "now": self._now(),
             },
+            tuple_row if brief else execution_rows,
         )
-        done = {execution.id: execution for execution in rows}
+        done: dict[uuid.UUID, TransitionResult] = {
+            row[0]: TransitionResult(True, None, exit=Exit(row[0], row[1], Status(row[2]),
+                                                           row[3], row[4]))
+            for row in rows
+        } if brief else {execution.id: TransitionResult(True, execution) for execution in rows}
         out: list[TransitionResult] = []
         for item in items:
             if item.claim.execution_id in done:
                 # only the first occurrence was applied; a repeat is a late report
-                out.append(TransitionResult(True, done.pop(item.claim.execution_id)))
+                out.append(done.pop(item.claim.execution_id))
             else:
                 out.append(await self._late_report(item.report, item.claim, item.payload))
         return out

@@ -39,6 +39,7 @@ from veracity.models import (
     DeploymentRecord,
     Execution,
     ExecutionFilter,
+    Exit,
     FoundToken,
     HistoryEvent,
     ListCursor,
@@ -561,8 +562,8 @@ class SqliteStore(SharedMethods):
         ).fetchone()
         return row
 
-    async def _leave_many_if_owned(self, owner: str, items: Sequence[Leave]
-                                   ) -> list[TransitionResult]:
+    async def _leave_many_if_owned(self, owner: str, items: Sequence[Leave], *,
+                                   brief: bool = False) -> list[TransitionResult]:
         first = {id(item) for item in leave_batch(owner, items)}
 
         def work(conn: sqlite3.Connection, now: int) -> list[TransitionResult]:
@@ -586,7 +587,10 @@ class SqliteStore(SharedMethods):
                     continue
                 self._event(conn, row["id"], row["history_seq"], str(item.to), now,
                             item.event)
-                out.append(TransitionResult(True, row_to_execution(row)))
+                execution = row_to_execution(row)
+                out.append(TransitionResult(True, None, exit=Exit(
+                    execution.id, execution.ffqn, execution.status, execution.started_at,
+                    execution.updated_at)) if brief else TransitionResult(True, execution))
             return out
 
         return await self._run(self._write, work)
