@@ -57,7 +57,7 @@ CHECKED_LANGUAGES = {
     "python": "run (test_python_examples_run, or a guide's own test)",
     "toml": "loaded as configuration (test_toml_examples_load_as_configuration)",
     "sh": "its commands checked (test_veracity_commands_in_examples_exist, curl, make)",
-    "json": "parsed (test_json_examples_parse)",
+    "json": "parsed (test_json_examples_parse); docs/security.md's compared with the API's answers",
     "text": "printed output, compared by a guide's own test where it is one",
     "mermaid": "a diagram of docs/states.md",
     "": "output or a diagram",

@@ -3,16 +3,25 @@ Python script runs against a real server that requires tokens, its TOML is valid
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 
 from tests.test_server import free_port, server_env, server_process
+from veracity.api import create_api
+from veracity.api.auth import ROUTE_ACCESS
+from veracity.clock import ManualClock
 from veracity.config import load_settings
+from veracity.control import ExecutionService, TokenService
+from veracity.core.tokens import Scope
+from veracity.examples import shop
+from veracity.store import open_store
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 
@@ -72,8 +81,6 @@ def test_the_scope_table_names_every_route_of_each_scope() -> None:
     """The guide's table of scopes lists, under each scope, exactly the API routes that
     ``ROUTE_ACCESS`` (the one table the server enforces) gives it; ``admin``'s row names
     the routes only it grants."""
-    from veracity.api.auth import ROUTE_ACCESS
-    from veracity.core.tokens import Scope
 
     section = GUIDE.read_text().split("## Scopes", 1)[1]
     listed: dict[str, set[tuple[str, str]]] = {}
@@ -86,3 +93,30 @@ def test_the_scope_table_names_every_route_of_each_scope() -> None:
             enforced.setdefault(str(access), set()).add(
                 (method, re.sub(r"\{[^}]*\}", "{}", path)))
     assert listed == enforced
+
+
+async def test_the_refusals_shown_are_what_the_api_answers(database_url: str) -> None:
+    """The guide's two JSON refusals, word for word: a token 'nightly' made for 30 days
+    on 2030-01-01 and used after, and a token 'reporting' that may only read, submitting."""
+    shown = [json.loads(block) for block in blocks("json")]
+    clock = ManualClock()  # 2030-01-01T00:00:00Z
+    store = await open_store(database_url, clock=clock)
+    try:
+        tokens = TokenService(store)
+        nightly = (await tokens.create("nightly", ["admin"], "30d")).token
+        reporting = (await tokens.create("reporting", ["executions:read"], None)).token
+        service = ExecutionService(store, workflows=set(shop.app.workflows),
+                                   deployment_id="d-guide")
+        api = create_api(service, auth_required=True)
+        transport = httpx.ASGITransport(app=api, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            clock.advance(timedelta(days=31))
+            expired = await client.get("/v1/executions",
+                                       headers={"Authorization": f"Bearer {nightly}"})
+            refused = await client.post(
+                "/v1/executions", json={"ffqn": "shop:orders/process.run", "params": ["o"]},
+                headers={"Authorization": f"Bearer {reporting}"})
+        assert (expired.status_code, refused.status_code) == (401, 403)
+        assert [expired.json(), refused.json()] == shown
+    finally:
+        await store.close()
