@@ -9,7 +9,6 @@ And the README's list of an execution's fields is exactly what the API answers."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -20,6 +19,7 @@ from pathlib import Path
 import click
 import pytest
 
+from tests.docs._modules import run_as_module
 from veracity.api import create_api
 from veracity.api.schemas import ExecutionOut
 from veracity.cli.main import cli
@@ -104,16 +104,7 @@ def test_server_scripts_are_run_by_their_own_tests() -> None:
                          ids=lambda p: p.name)
 def test_python_examples_run(doc: Path, tmp_path: Path) -> None:
     code = "\n\n".join(body for path, body in examples("python") if path == doc)
-    module_path = tmp_path / f"example_{doc.stem.lower()}.py"
-    module_path.write_text(code)
-    spec = importlib.util.spec_from_file_location(module_path.stem, module_path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_path.stem] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop(module_path.stem, None)
+    run_as_module(f"example_{doc.stem.lower()}", code, tmp_path)
 
 
 @pytest.mark.parametrize(("doc", "body"), examples("toml"),

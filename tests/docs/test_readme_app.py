@@ -6,9 +6,7 @@ would be), its wait for the "approval" message (sent as the API sends one) and i
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import re
-import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.docs._modules import run_as_module
 from veracity import App
 from veracity.clock import ManualClock
 from veracity.config import WorkerSettings
@@ -31,17 +30,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def readme_app(tmp_path: Path) -> App:
     [block] = [b for b in re.findall(r"^```python\n(.*?)^```", README.read_text(),
                                      flags=re.S | re.M) if "@app.workflow" in b]
-    path = tmp_path / "readme_app.py"
-    path.write_text(block)
-    spec = importlib.util.spec_from_file_location("readme_app", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["readme_app"] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop("readme_app", None)
-    app: App = module.app
+    app: App = run_as_module("readme_app", block, tmp_path).app
     return app
 
 
