@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -359,3 +360,33 @@ def test_other_reasons_are_kept_as_written(reason: str) -> None:
 def test_times_are_utc_to_the_second() -> None:
     t = datetime(2030, 1, 1, 14, 0, 0, 999_999, tzinfo=timezone(timedelta(hours=2)))
     assert fmt_time(t) == "2030-01-01T12:00:00Z"
+
+
+def test_the_examples_of_the_operations_guide_are_what_it_says() -> None:
+    """docs/operations.md's example of waiting reasons, line by line, made from facts
+    (its two `<id>`s stand for the children's ids)."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = guide.split("## Runs that look stuck", 1)[1]
+    shown = section.split("```\n", 2)[1].splitlines()
+    at = now = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
+    kids = (IDS[0], IDS[1])
+    made = [
+        waiting_reason(Facts(Status.BLOCKED, now, at - timedelta(hours=1), wake_at=at,
+                             blocked={"reason": sleep_reason()})),
+        waiting_reason(Facts(Status.BLOCKED, now, at,
+                             blocked={"reason": message_reason("approval")})),
+        waiting_reason(Facts(Status.BLOCKED, now, at,
+                             blocked={"reason": children_reason("js0")},
+                             children={"js0": Children(2, kids)})),
+        waiting_reason(Facts(Status.PAUSED, now, at, paused_from="pending",
+                             paused={"by": "ada", "from": "pending",
+                                     "reason": "deploy freeze"})),
+        waiting_reason(Facts(Status.RUNNING, now, at, lease_owner="w-3f2a",
+                             lease_expires_at=at + timedelta(minutes=2),
+                             holder=Holder("w-3f2a", now - timedelta(seconds=95), False),
+                             recovery_interval=timedelta(seconds=30))),
+        waiting_reason(Facts(Status.PENDING, now, at,
+                             coverage="no live worker for deployment d-41be07a9c3d2e810")),
+    ]
+    assert [line.replace(f"{kids[0]}, {kids[1]}", "<id>, <id>") for line in made
+            if line is not None] == shown
