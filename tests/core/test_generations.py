@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -277,3 +278,16 @@ def _same(a: Plan, b: Plan) -> bool:
     return (a.keep, sorted(a.cancel, key=lambda r: r.id), sorted(a.pause), a.start,
             sorted(a.ignored)) == (b.keep, sorted(b.cancel, key=lambda r: r.id),
                                    sorted(b.pause), b.start, sorted(b.ignored))
+
+
+def test_the_guides_missing_key_message_is_the_one_made() -> None:
+    """docs/generations.md's "Bad input" shows the message word for word (its id shortened
+    to 01a2...e7)."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "generations.md").read_text()
+    (shown,) = re.findall(r"^```\n(execution .*? has no key: .*)\n```", guide, flags=re.M)
+    ident = "01a24e3d-4855-7add-b542-8f161c1638e7"
+    bad = Observed(id=ident, ffqn="monitors:repo/monitor.run-cancellable",
+                   deployment_id="d1", params=[], created_at=T0)
+    with pytest.raises(MissingKey) as refused:
+        key_of(bad, 0)
+    assert str(refused.value).replace(ident, "01a2...e7") == shown
