@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from veracity import App, Context
-from veracity.cli.main import event_json
+from veracity.cli.main import event_json, replay_lines
 from veracity.config import WorkerSettings
 from veracity.control import ExecutionService
 from veracity.core.states import Status
@@ -171,6 +171,12 @@ async def check_replays(guide: ModuleType, store: Store, execution_id: uuid.UUID
     for name, result in outcomes.items():
         quoted = " ".join(result.message.split())
         assert quoted in " ".join(text.split()), (name, result.message)
+    # the guide's `veracity replay` output, line by line (its id shortened to 01a2...)
+    (shown,) = re.findall(r"^```text\n\$ veracity replay 01a2\.\.\.\n(.*?)^```", text,
+                          flags=re.S | re.M)
+    printed = [line.replace(str(execution_id), "01a2...")
+               for line in replay_lines(outcomes["renamed"])]
+    assert printed == shown.splitlines()
 
     saved = tmp_path / "histories"
     saved.mkdir()

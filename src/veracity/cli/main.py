@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from veracity.cli.output import fmt_time, print_fields, print_json, print_table, short
+from veracity.cli.output import (
+    fields_lines,
+    fmt_time,
+    print_fields,
+    print_json,
+    print_table,
+    short,
+)
 from veracity.config import Settings, load_settings, parse_duration
 from veracity.core.states import Status
 from veracity.errors import ConfigError, Conflict, InvalidInput, VeracityError
@@ -801,17 +808,22 @@ def replay_(config_path: str | None, database_url: str | None, app: str | None,
     if as_json:
         print_json(result.to_json())
     else:
-        print_fields([
-            ("id", str(result.execution_id)),
-            ("ffqn", result.ffqn),
-            ("consistent", "yes" if result.consistent else "NO"),
-            ("position", "-" if result.position is None else str(result.position)),
-            ("calls replayed", str(result.replayed)),
-            ("ran to its end", "yes" if result.finished else "no"),
-        ])
-        click.echo(result.message)
+        for line in replay_lines(result):
+            click.echo(line)
     if not result.consistent:
         sys.exit(1)
+
+
+def replay_lines(result: ReplayResult) -> list[str]:
+    """What `veracity replay` prints (docs/workflows.md shows it)."""
+    return [*fields_lines([
+        ("id", str(result.execution_id)),
+        ("ffqn", result.ffqn),
+        ("consistent", "yes" if result.consistent else "NO"),
+        ("position", "-" if result.position is None else str(result.position)),
+        ("calls replayed", str(result.replayed)),
+        ("ran to its end", "yes" if result.finished else "no"),
+    ]), result.message]
 
 
 def _control(name: str, help_text: str) -> None:

@@ -40,7 +40,12 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         click.echo("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
 
 
-def print_fields(fields: Sequence[tuple[str, str]]) -> None:
+def fields_lines(fields: Sequence[tuple[str, str]]) -> list[str]:
+    """Names and values in two columns, the names padded to the longest."""
     width = max(len(k) for k, _ in fields)
-    for key, value in fields:
-        click.echo(f"{key.ljust(width)}  {value}")
+    return [f"{key.ljust(width)}  {value}" for key, value in fields]
+
+
+def print_fields(fields: Sequence[tuple[str, str]]) -> None:
+    for line in fields_lines(fields):
+        click.echo(line)
