@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +112,15 @@ def test_every_non_terminal_state_can_end():
                     seen.add(nxt)
                     frontier.append(nxt)
         assert seen & TERMINAL
+
+
+def test_the_graph_of_the_states_guide_is_the_transition_table() -> None:
+    """docs/states.md's diagram has an edge for each transition of TRANSITIONS and no
+    other; every terminal state ends, and submission enters at pending."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "states.md").read_text()
+    (diagram,) = re.findall(r"^```mermaid\n(.*?)^```", guide, flags=re.S | re.M)
+    edges = re.findall(r"^\s*(\S+) --> (\S+?)(?::|$)", diagram, flags=re.M)
+    drawn = {(a, b) for a, b in edges if "[*]" not in (a, b)}
+    assert drawn == {(str(s), str(t)) for s, targets in TRANSITIONS.items() for t in targets}
+    assert {a for a, b in edges if b == "[*]"} == {str(s) for s in TERMINAL}
+    assert [b for a, b in edges if a == "[*]"] == ["pending"]
