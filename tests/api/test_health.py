@@ -106,3 +106,24 @@ async def test_healthz_is_503_while_the_database_does_not_answer(
         assert time.monotonic() < deadline, "healthz did not recover: " + response.text
         await asyncio.sleep(0.05)
     assert response.json() == {"status": "ok", "database": "ok", "backend": "postgresql"}
+
+
+async def test_a_request_looks_up_no_opentelemetry_provider(
+        client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FastAPI's own OpenTelemetry instrumentation is off (veracity/api/app.py): a request
+    does not look up OpenTelemetry's providers, which, left on, FastAPI did on every
+    request (some 3 % of the server's CPU a submission; docs/scaling.md)."""
+    otel_metrics = pytest.importorskip("opentelemetry.metrics",
+                                       reason="FastAPI without OpenTelemetry")
+    otel_trace = pytest.importorskip("opentelemetry.trace")
+    looked_up: list[str] = []
+    for module, name in ((otel_metrics, "get_meter_provider"),
+                         (otel_trace, "get_tracer_provider")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name,
+                            lambda real=real, name=name: (looked_up.append(name), real())[1])
+    answer = await client.post("/v1/executions",
+                               json={"ffqn": "shop:orders/process.run", "params": ["o", 1]})
+    assert answer.status_code == 201
+    assert (await client.get("/healthz")).status_code == 200
+    assert looked_up == []

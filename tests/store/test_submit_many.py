@@ -227,3 +227,24 @@ async def test_independent_items_whose_history_insert_fails_write_nothing(
     with raw.history_insert_fails(), pytest.raises(DB_ERRORS, match="boom"):
         await store.execution_submit_many(items, all_or_nothing=False)
     assert await _all_ids(store) == set()
+
+
+@pytest.mark.parametrize("all_or_nothing", [True, False])
+async def test_a_write_run_again_after_it_committed_answers_it_created(
+        store: Store, all_or_nothing: bool) -> None:
+    """What the store does when a connection is lost between a write's commit and its
+    answer: it runs the write again from the start (PostgreSQL writes a group of single
+    submissions without a transaction around it, each statement committing by itself).
+    The same items (the same ids) written again find their own rows: each is answered as
+    created, with its row and digest, and nothing is written twice."""
+    items = [new_execution(idempotency_key="k1", request_digest="d1"), new_execution(),
+             new_execution(idempotency_key="k2", request_digest="d2")]
+    first = await store.execution_submit_many(items, all_or_nothing=all_or_nothing)
+    again = await store.execution_submit_many(items, all_or_nothing=all_or_nothing)
+    assert [a.created for a in again] == [True, True, True]
+    assert [a.execution for a in again] == [a.execution for a in first]
+    assert [a.request_digest for a in again] == ["d1", items[1].request_digest, "d2"]
+    assert await _all_ids(store) == {new.id for new in items}
+    for new in items:
+        (event,) = await assert_history_consistent(store, new.id)
+        assert event.kind == "pending"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -527,6 +528,16 @@ def _define_api(app: APIRouter) -> None:
                            next_cursor=str(after) if after is not None else None)
 
 
+_NO_FASTAPI_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False,
+                   "operation_spans": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
+"""FastAPI's own OpenTelemetry instrumentation (FastAPI 0.16x) turned off: Veracity's
+metrics are its Prometheus endpoint (docs/operations.md). Left on, FastAPI looked up
+OpenTelemetry's providers (and the environment) on every request, though none is
+configured: some 3 % of the server's CPU a submission (docs/scaling.md)."""
+
+
 def create_api(
     service: ExecutionService | None = None,
     *,
@@ -555,6 +566,7 @@ def create_api(
         lifespan=lifespan or no_lifespan,
         docs_url=None,  # served offline by install_docs (api/docs.py)
         redoc_url=None,
+        **_NO_FASTAPI_TELEMETRY,
     )
     install_docs(app)
     if service is not None:

@@ -58,7 +58,10 @@ class SharedMethods:
     the worker's fenced exits from running, single ones as batches of one (each backend's
     ``_leave_many_if_owned`` and ``execution_checkpoint_many_if_owned``)."""
 
-    async def _op(self, factory: Callable[[], _ops.Op]) -> Any:
+    async def _op(self, factory: Callable[[], _ops.Op], *, transaction: bool = True) -> Any:
+        """Drive ``factory()``'s statements in one transaction; ``transaction=False`` lets a
+        backend commit each statement by itself instead (PostgreSQL does, for a group of
+        single submissions: its one write is one statement, safe to run again)."""
         raise NotImplementedError
 
     async def _leave_many_if_owned(self, owner: str, items: Sequence[Leave], *,
@@ -173,8 +176,11 @@ class SharedMethods:
             require_aware(new.scheduled_at)
         if not items:
             return []
+        # a group of single submissions (not all or nothing) raises nothing to roll back:
+        # its one write is one statement (PostgreSQL writes the first events in it)
         result: list[Submitted] = await self._op(lambda: _ops.submit_many(
-            items, self._now(), all_or_nothing=all_or_nothing))
+            items, self._now(), all_or_nothing=all_or_nothing),
+            transaction=all_or_nothing)
         return result
 
     async def execution_interrupts(self, owner: str) -> list[Interrupt]:

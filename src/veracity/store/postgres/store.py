@@ -362,15 +362,22 @@ class PostgresStore(SharedMethods):
                 await self._pool.check()
         raise AssertionError("unreachable")
 
-    async def _op(self, factory: Callable[[], _ops.Op]) -> Any:
+    async def _op(self, factory: Callable[[], _ops.Op], *, transaction: bool = True) -> Any:
         """Drive a multi-statement operation in one transaction. A transaction that lost its
         connection, or that PostgreSQL aborted as a deadlock victim, is run again from the
-        start (it did not commit)."""
+        start (it did not commit).
+
+        ``transaction=False``: each statement commits by itself, without the two round
+        trips of ``BEGIN`` and ``COMMIT``, for an operation whose only write is one
+        statement and which is safe to run again from the start after that statement
+        committed (a group of submissions: each finds its own row by id)."""
         for attempt in range(RETRIES + 1):
             broken = False
             try:
                 async with self._pool.connection() as conn:
                     try:
+                        if not transaction:
+                            return await _drive(conn, factory())
                         async with conn.transaction():
                             return await _drive(conn, factory())
                     except psycopg.OperationalError:

@@ -807,7 +807,9 @@ class SqliteStore(SharedMethods):
         # the transaction's own time is used instead (see _op)
         return None
 
-    async def _op(self, factory: Callable[[], _ops.Op]) -> Any:
+    async def _op(self, factory: Callable[[], _ops.Op], *, transaction: bool = True) -> Any:
+        # always one transaction (``transaction`` is moot: the writer is one connection and
+        # a batch's first events are a statement of their own here)
         def work(conn: sqlite3.Connection, now: int) -> Any:
             op = factory()
             try:
