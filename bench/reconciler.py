@@ -232,12 +232,13 @@ async def counting_statements() -> AsyncIterator[dict[str, float]]:
         finally:
             counts["db_seconds"] += time.perf_counter() - started
 
-    async def op(self: Any, factory: Any) -> Any:
+    async def op(self: Any, factory: Any, *, transaction: bool = True) -> Any:
         counts["transactions"] += 1
-        counts["statements"] += 2  # BEGIN, COMMIT
+        if transaction:
+            counts["statements"] += 2  # BEGIN, COMMIT
         started = time.perf_counter()
         try:
-            return await orig_op(self, factory)
+            return await orig_op(self, factory, transaction=transaction)
         finally:
             counts["db_seconds"] += time.perf_counter() - started
 

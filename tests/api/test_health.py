@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -117,11 +118,16 @@ async def test_a_request_looks_up_no_opentelemetry_provider(
                                        reason="FastAPI without OpenTelemetry")
     otel_trace = pytest.importorskip("opentelemetry.trace")
     looked_up: list[str] = []
+
+    def counted(name: str, real: Any) -> Any:
+        def lookup() -> Any:
+            looked_up.append(name)
+            return real()
+        return lookup
+
     for module, name in ((otel_metrics, "get_meter_provider"),
                          (otel_trace, "get_tracer_provider")):
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name,
-                            lambda real=real, name=name: (looked_up.append(name), real())[1])
+        monkeypatch.setattr(module, name, counted(name, getattr(module, name)))
     answer = await client.post("/v1/executions",
                                json={"ffqn": "shop:orders/process.run", "params": ["o", 1]})
     assert answer.status_code == 201
