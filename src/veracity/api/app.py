@@ -530,7 +530,7 @@ def _define_api(app: APIRouter) -> None:
 
 _NO_FASTAPI_TELEMETRY: dict[str, Any] = (
     {"telemetry": {"tracing": False, "metrics": False, "logs": False,
-                   "operation_spans": False}}
+                   "operation_spans": False, "auto_configure": False}}
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 """FastAPI's own OpenTelemetry instrumentation (FastAPI 0.16x) turned off: Veracity's
 metrics are its Prometheus endpoint (docs/operations.md). Left on, FastAPI looked up
