@@ -35,7 +35,7 @@ from bench._util import scratch_pg_database
 from bench.workers import insert_noops, migrate, worker_procs
 from veracity.core.states import Status
 from veracity.maintenance.retention import RetentionService
-from veracity.models import ExecutionFilter
+from veracity.models import ExecutionFilter, ListCursor
 from veracity.store import open_store
 
 FILL = """
@@ -75,9 +75,14 @@ FILTERS: list[tuple[str, ExecutionFilter]] = [
     ("ffqn_prefix=shop:mail", ExecutionFilter(ffqn_prefix="shop:mail")),
     ("ffqn_prefix=rare:", ExecutionFilter(ffqn_prefix="rare:")),
     ("deployment_id=dep-1", ExecutionFilter(deployment_id="dep-1")),
+    ("status=completed", ExecutionFilter(statuses=(Status.COMPLETED,))),
     ("flagged", ExecutionFilter(flagged=True)),
+    ("flagged=false", ExecutionFilter(flagged=False)),
+    ("created_after", ExecutionFilter(created_after=datetime(2000, 1, 1, tzinfo=UTC))),
     ("created_before", ExecutionFilter(created_before=datetime(2000, 1, 1, tzinfo=UTC))),
 ]
+"""Each filter ``GET /v1/executions`` offers, alone; and (``list_pages``) a page far down
+the unfiltered list, after a cursor in the middle of the table."""
 
 
 def fill(url: str, have: int, want: int, chunk: int = 200_000) -> float:
@@ -160,11 +165,21 @@ async def list_pages(url: str) -> dict[str, float]:
     store = await open_store(url, pool_size=1)
     out: dict[str, float] = {}
     try:
-        for name, f in FILTERS:
+        # the cursor of a page in the middle of the table (the newest row created before
+        # the middle of the span the fill covered): a page far down the list
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "SELECT created_at, id FROM veracity_executions WHERE created_at < "
+                "(SELECT min(created_at) + (max(created_at) - min(created_at)) / 2 "
+                " FROM veracity_executions) ORDER BY created_at DESC, id DESC LIMIT 1"
+            ).fetchone()
+        deep = [("cursor (mid-table)", ExecutionFilter(), ListCursor(row[0], row[1]))
+                ] if row is not None else []
+        for name, f, after in [(n, f, None) for n, f in FILTERS] + deep:
             times = []
             for i in range(23):
                 t = time.perf_counter()
-                await store.execution_list(f, limit=50)
+                await store.execution_list(f, limit=50, after=after)
                 if i >= 3:
                     times.append((time.perf_counter() - t) * 1000)
             out[name] = statistics.median(times)

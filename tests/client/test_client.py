@@ -123,6 +123,14 @@ def test_batches_and_typed_errors(live: Server) -> None:
             client.get("not-an-id")
         assert bad_id.value.code == "invalid_id"
         assert isinstance(bad_id.value, ApiError)
+        # submitted paused: it waits until unpaused, then runs
+        held_back = client.submit(ECHO, "p", "!", paused=True)
+        assert held_back.status == "paused"
+        with pytest.raises(WaitTimeout) as still:
+            client.wait(held_back.id, timeout=0.3)
+        assert still.value.execution.status == "paused"
+        assert client.unpause(held_back.id).status in ("pending", "running", "completed")
+        assert client.result(held_back.id, timeout=20) == "p!"
     # a token is checked when given, from the constructor or VERACITY_TOKEN
     with Client(live.url, token="vrc_not_a_real_token") as client, \
             pytest.raises(Unauthorized) as refused:

@@ -41,6 +41,7 @@ FILTERS: list[tuple[str, dict[str, Any]]] = [
     ("deployment_id common", {"deployment_id": "dep-1"}),
     ("deployment_id rare", {"deployment_id": "dep-rare"}),
     ("flagged", {"flagged": True}),
+    ("flagged=false", {"flagged": False}),
     ("created_after", {"created_after": "2030-01-01T05:00:00Z"}),
     ("created_before", {"created_before": "2030-01-01T01:00:00Z"}),
     ("cursor", {"cursor_at": "2030-01-01T02:00:00Z",
