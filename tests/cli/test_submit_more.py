@@ -141,6 +141,28 @@ async def test_get_follow_waits_and_exits_1_for_a_failure(
     # an ended one answers at once
     again = run(["get", submitted["id"], "--follow"], env, tmp_path)
     assert again.returncode == 1 and "status           failed" in again.stdout
+    # one that ended without an error (cancelled) is said so, with no empty error after it
+    other = ok_json(run(["submit", "shop:monitor/stock.run-cancellable", '"sku-1"', "--json"],
+                        env, tmp_path))
+    assert run(["cancel", other["id"]], env, tmp_path).returncode == 0
+    cancelled = run(["get", other["id"], "--follow"], env, tmp_path)
+    assert cancelled.returncode == 1
+    assert cancelled.stderr == f"error: execution {other['id']} ended cancelled\n"
+    # a refusal names what was refused and to which execution; its hint is a command
+    for argv, said in [
+        (["pause", other["id"]], f"error: cannot pause {other['id']}: execution is cancelled"),
+        (["send", other["id"], "go", "1"],
+         f"error: cannot send to {other['id']}: execution is cancelled"),
+    ]:
+        refused = run(argv, env, tmp_path)
+        assert refused.returncode == 1 and refused.stderr == said + "\n", refused
+    pending = ok_json(run(["submit", ORDERS, '"o-11"', "11", "--json"], env, tmp_path))
+    refused = run(["cancel", pending["id"]], env, tmp_path)
+    assert refused.returncode == 1
+    assert refused.stderr.startswith(
+        f"error: cannot cancel {pending['id']}: {ORDERS} cannot be cancelled"), refused
+    assert f"Pause it instead (veracity pause {pending['id']})" in refused.stderr
+    assert "PUT /v1" not in refused.stderr
 
 
 async def test_submit_from_file_of_more_than_a_thousand_lines(
@@ -161,6 +183,28 @@ async def test_submit_from_file_of_more_than_a_thousand_lines(
     assert await _count(store) == 2099
 
 
+async def test_submit_from_file_refused_in_its_first_thousand_names_the_line(
+    database_url: str, tmp_path: Path, store: Store
+) -> None:
+    """A key used before with another request, on the file's second line: nothing is
+    submitted, said once, and the line is named by its number in the file."""
+    env = base_env(database_url)
+    first = _write(tmp_path / "first.jsonl",
+                   [{"ffqn": ORDERS, "params": ["o-1", 1], "idempotency_key": "k"}])
+    assert run(["submit", "--from-file", str(first)], env, tmp_path).returncode == 0
+    jobs = _write(tmp_path / "conflict.jsonl", [
+        {"ffqn": ORDERS, "params": ["o-2", 2], "idempotency_key": "new"},
+        {"ffqn": ORDERS, "params": ["other", 9], "idempotency_key": "k"},
+    ])
+    result = run(["submit", "--from-file", str(jobs)], env, tmp_path)
+    assert result.returncode == 1, result
+    assert result.stderr.splitlines()[0] == (
+        "error: 1 idempotency key(s) used before for a different request; nothing was "
+        "submitted"), result.stderr
+    assert result.stderr.splitlines()[1].startswith(f"{jobs}:2: idempotency key 'k' names ")
+    assert await _count(store) == 1
+
+
 async def test_submit_from_file_refused_in_a_later_thousand_keeps_the_ones_before(
     database_url: str, tmp_path: Path, store: Store
 ) -> None:
@@ -175,8 +219,11 @@ async def test_submit_from_file_refused_in_a_later_thousand_keeps_the_ones_befor
     jobs = _write(tmp_path / "conflict.jsonl", lines)
     result = run(["submit", "--from-file", str(jobs)], env, tmp_path)
     assert result.returncode == 1, result
-    assert "lines before 1001 were submitted" in result.stderr, result.stderr
-    assert f"{jobs}:1501: " in result.stderr, result.stderr
+    assert result.stderr.splitlines()[0] == (
+        "error: 1 idempotency key(s) used before for a different request; nothing from "
+        "line 1001 on was submitted; the 1,000 line(s) before it were"), result.stderr
+    assert f"{jobs}:1501: idempotency key 'k5' names execution " in result.stderr
+    assert len(result.stderr.splitlines()) == 2, result.stderr
     assert await _count(store) == 1000
     lines[1500] = {"ffqn": ORDERS, "params": ["o-1500", 1500], "idempotency_key": "k1500"}
     body = ok_json(run(["submit", "--from-file", str(_write(jobs, lines)), "--json"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
@@ -569,11 +570,14 @@ async def _submit_file(rt: Runtime, path: str, items: list[SubmitItem],
         try:
             done += await rt.service.submit_prepared(news[start:start + MAX_BATCH])
         except Conflict as exc:
-            lines = [f"{path}:{numbers[start + b['index']]}: {b['message']}"
-                     for b in exc.details.get("items", [])]
-            kept = (f"; lines before {numbers[start]} were submitted" if start else
-                    "; nothing was submitted")
-            raise Failure(exc.message + kept + "\n" + "\n".join(lines)) from None
+            # the service's message counts items of this transaction from 0: say it by
+            # the file's lines, and what was written before this transaction
+            bad = exc.details.get("items", [])
+            lines = [f"{path}:{numbers[start + b['index']]}: {b['message']}" for b in bad]
+            kept = (f"nothing from line {numbers[start]} on was submitted; the {start:,} "
+                    "line(s) before it were" if start else "nothing was submitted")
+            raise Failure(f"{len(bad)} idempotency key(s) used before for a different "
+                          f"request; {kept}\n" + "\n".join(lines)) from None
     return done
 
 
@@ -591,8 +595,8 @@ def _show_ended(execution: Execution, as_json: bool) -> None:
     else:
         print_execution(execution, whole=True)
     if execution.status != Status.COMPLETED:
-        raise Failure(f"execution {execution.id} ended {execution.status}: "
-                      f"{short(execution.error, 500)}")
+        why = "" if execution.error is None else f": {short(execution.error, 500)}"
+        raise Failure(f"execution {execution.id} ended {execution.status}{why}")
 
 
 @cli.command()
@@ -837,12 +841,29 @@ def _control(name: str, help_text: str) -> None:
 
         async def go(rt: Runtime) -> tuple[Execution, bool]:
             method = getattr(rt.service, name)
-            result: tuple[Execution, bool] = await method(execution_id, actor="cli")
+            result: tuple[Execution, bool] = await _or_refused(
+                name, execution_id, method(execution_id, actor="cli"))
             return result
 
         # a cancel may have to ask a delegated run's engine to stop it
         execution, changed = run(with_runtime(settings, go, engines=name == "cancel"))
         _report(name, execution, changed, as_json)
+
+
+async def _or_refused(action: str, execution_id: str, call: Awaitable[T]) -> T:
+    """``call``'s answer; a refusal (409) said as :func:`_refused` says it."""
+    try:
+        return await call
+    except Conflict as exc:
+        raise _refused(action, execution_id, exc) from None
+
+
+def _refused(action: str, execution_id: str, exc: Conflict) -> Failure:
+    """A refusal said as the command's: what could not be done, to which execution, and
+    why; a hint to the API's route said as the command to use."""
+    why = re.sub(r"\(PUT /v1/executions/([0-9a-f-]+)/pause\)", r"(veracity pause \1)",
+                 exc.message)
+    return Failure(f"cannot {action} {execution_id}: {why}")
 
 
 def _report(name: str, execution: Execution, changed: bool, as_json: bool) -> None:
@@ -870,8 +891,8 @@ def retry(config_path: str | None, database_url: str | None, app: str | None,
     """Retry a failed execution: a new one that replays its recorded calls up to the
     failure and runs on from there (the failed one is left as it is)."""
     settings = settings_from(config_path, database_url=database_url, app=app)
-    created = run(with_runtime(settings, lambda rt: rt.service.retry(execution_id,
-                                                                     actor="cli")))
+    created = run(with_runtime(settings, lambda rt: _or_refused(
+        "retry", execution_id, rt.service.retry(execution_id, actor="cli"))))
     if as_json:
         print_json(execution_json(created))
     else:
@@ -892,8 +913,8 @@ def pause(config_path: str | None, database_url: str | None, app: str | None,
     """Hold an execution: it is not run until unpaused (a running one parks at its next
     step); who and why are recorded and said by its waiting reason."""
     settings = settings_from(config_path, database_url=database_url, app=app)
-    execution, changed = run(with_runtime(
-        settings, lambda rt: rt.service.pause(execution_id, actor=by, reason=reason)))
+    execution, changed = run(with_runtime(settings, lambda rt: _or_refused(
+        "pause", execution_id, rt.service.pause(execution_id, actor=by, reason=reason))))
     _report("pause", execution, changed, as_json)
 
 
@@ -916,7 +937,8 @@ def send(config_path: str | None, database_url: str | None, app: str | None, as_
         raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD") from None
 
     async def go(rt: Runtime) -> tuple[Execution, Message]:
-        return await rt.service.send(execution_id, topic, value)
+        return await _or_refused("send to", execution_id,
+                                 rt.service.send(execution_id, topic, value))
 
     execution, message = run(with_runtime(settings, go))
     if as_json:
@@ -956,8 +978,9 @@ def resolve(config_path: str | None, database_url: str | None, app: str | None,
     actor = by or os.environ.get("USER") or "cli"
 
     async def go(rt: Runtime) -> Resolved:
-        return await rt.service.resolve(execution_id, action=chosen[0], external_id=attach,
-                                        reason=reason, actor=actor, force=force)
+        return await _or_refused("resolve", execution_id, rt.service.resolve(
+            execution_id, action=chosen[0], external_id=attach, reason=reason, actor=actor,
+            force=force))
 
     resolved = run(with_runtime(settings, go, engines=True))
     execution = resolved.execution
