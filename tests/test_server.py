@@ -485,6 +485,25 @@ def test_a_second_server_on_one_sqlite_file_refuses_to_start(tmp_path: Path) -> 
             assert client.get(f"{first.url}/healthz").status_code == 200
 
 
+def test_a_port_in_use_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """The port is bound first: one in use is one `error:` line and exit 1, with no
+    traceback, and neither the database file nor the server's lock beside it made."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        result = subprocess.run([VERACITY, "server", "--no-worker"],
+                                env=server_env(f"sqlite:///{tmp_path}/v.db", port),
+                                cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    finally:
+        holder.close()
+    assert result.returncode == 1, result
+    assert result.stderr == (f"error: cannot listen on 127.0.0.1:{port}: Address already in "
+                             "use (set --port / VERACITY_PORT, or --host / VERACITY_HOST)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sqlite_in_process_worker_learns_of_requests_and_new_work_at_once(
     tmp_path: Path,
 ) -> None:

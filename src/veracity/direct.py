@@ -112,7 +112,9 @@ class AsyncDatabaseClient:
         keep sessions (docs/scaling.md, "Connection poolers"), a
         :class:`veracity.errors.ConfigError`."""
         if self._runtime is None:
-            runtime = await self._do(open_runtime(self.settings, app=self._app))
+            # a missing SQLite file is said so, not created (it would hold no tables)
+            runtime = await self._do(open_runtime(self.settings, app=self._app,
+                                                  create=False))
             try:  # one read: a database without Veracity's tables is said so now
                 await self._do(runtime.store.execution_get(uuid.UUID(int=0)))
                 # and its waits are woken by notifications: a pooler in transaction mode

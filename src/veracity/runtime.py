@@ -92,13 +92,15 @@ def deployment_id_for(settings: Settings, app: App | None) -> str:
 
 async def open_runtime(settings: Settings, *, migrate: bool = False,
                        engines: bool = False, read_only: bool = False,
-                       app: App | None = None) -> Runtime:
+                       app: App | None = None, create: bool | None = None) -> Runtime:
     """Open the store and build the service. ``engines``: also build the engines'
     adapters, so that the service can ask an engine about a delegated run (resolve,
     cancel); the runtime closes them. ``read_only``: for commands that only read: the
     engines are not configured (their secrets are not needed), and a database that does
     not exist yet is an error instead of being created. ``app``: this App instead of the
-    settings' ``app`` (a program that holds its App already)."""
+    settings' ``app`` (a program that holds its App already). ``create``: whether a
+    missing SQLite file may be created (default: unless ``read_only``); a command that
+    needs Veracity's tables passes False, so that failing leaves no empty file behind."""
     from veracity.control import ExecutionService
 
     app = app if app is not None else load_user_app(settings)
@@ -106,7 +108,8 @@ async def open_runtime(settings: Settings, *, migrate: bool = False,
     # a command that only reads validates no [[cron]] entry
     crons = [] if read_only else cron_entries(settings, app, external)
     adapters = build_engines(external) if engines else {}
-    store = await open_store(settings.database_url, create=not read_only)
+    store = await open_store(settings.database_url,
+                             create=not read_only if create is None else create)
     try:
         if migrate:
             await store.migrate()

@@ -15,6 +15,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Generator
 from contextlib import asynccontextmanager, contextmanager
@@ -211,7 +212,30 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
                       telemetry=telemetry)
 
 
-async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:
+def listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before anything else is done (as uvicorn binds
+    it): a port in use, or a host that is not this machine's, is a :class:`ConfigError`
+    naming them, before the database is touched."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family=family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        raise ConfigError(f"cannot listen on {where}: {exc.strerror or exc} (set --port / "
+                          "VERACITY_PORT, or --host / VERACITY_HOST)") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve(settings: Settings, *, with_worker: bool | None = None,
+                sock: socket.socket | None = None) -> int:
+    """Serve the API on ``sock`` (default: :func:`listen` on the settings' host and
+    port) until SIGTERM or SIGINT."""
+    if sock is None:
+        sock = listen(settings.host, settings.port)
     api = build_server_api(settings, with_worker=with_worker)
     config = uvicorn.Config(
         api,
@@ -224,7 +248,7 @@ async def serve(settings: Settings, *, with_worker: bool | None = None) -> int:
         limit_concurrency=settings.server.max_connections,
     )
     server = _Server(config, api)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
     # started: the collector's settings of a long run (veracity/_heap.py)
@@ -273,14 +297,22 @@ def one_server_per_sqlite_file(settings: Settings) -> int | None:
 
 def run_server(settings: Settings, *, with_worker: bool | None = None) -> int:
     try:
+        # the port first: one in use is refused before anything is written (the SQLite
+        # file's lock, the database)
+        sock = listen(settings.host, settings.port)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
         one_server_per_sqlite_file(settings)  # held until the process ends
     except ConfigError as exc:
+        sock.close()
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
         # uvloop (uvicorn[standard] brings it), as `veracity worker` runs: the same
         # asyncio, its loop in C; some 5 % more submissions/s here (bench/README.md)
-        return uvloop.run(serve(settings, with_worker=with_worker))
+        return uvloop.run(serve(settings, with_worker=with_worker, sock=sock))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         print("interrupted", file=sys.stderr)
         return 130

@@ -368,13 +368,23 @@ def test_help_lists_the_commands(tmp_path: Path) -> None:
     assert not (tmp_path / "x.db").exists()
 
 
-def test_read_commands_never_create_a_database(tmp_path: Path) -> None:
-    """In a folder with no database, the read commands say so and create nothing."""
+def test_commands_never_create_a_database(tmp_path: Path) -> None:
+    """In a folder with no database, every command but `migrate` and `server` (which
+    migrate) says so and creates nothing: no empty file is left behind."""
     env = base_env("sqlite:///./veracity.db")
     eid = str(uuid.uuid4())
     results = run_all({name: (args, env, tmp_path) for name, args in {
         "list": ["list"], "get": ["get", eid], "history": ["history", eid],
         "workers": ["workers"], "flagged": ["list", "--flagged"],
+        "crons": ["crons"], "deployments": ["deployments"],
+        "adopt": ["deployments", "adopt", "d-old"],
+        "submit": ["submit", "shop:orders/process.run", '"o-1"', "1"],
+        "cancel": ["cancel", eid], "pause": ["pause", eid], "unpause": ["unpause", eid],
+        "retry": ["retry", eid], "send": ["send", eid, "topic", "1"],
+        "resolve": ["resolve", eid, "--fail", "--reason", "gone"],
+        "replay": ["replay", eid],
+        "token create": ["token", "create", "--name", "ci", "--scope", "admin"],
+        "token list": ["token", "list"], "token revoke": ["token", "revoke", "ci"],
     }.items()})
     for result in results.values():
         assert_failure(result, "no Veracity database at veracity.db",
@@ -426,6 +436,27 @@ def test_history_full_and_an_empty_flagged_list(database_url: str, tmp_path: Pat
     whole = ok(run(["history", eid, "--full"], env, tmp_path))
     assert long_text.strip() in whole and whole.startswith("1  ")
     assert ok(run(["list", "--flagged"], env, tmp_path)).strip() == "nothing flagged"
+
+
+def test_history_is_paged_as_the_api_pages_it(database_url: str, tmp_path: Path) -> None:
+    """`--limit` cuts a page: its next_cursor (JSON) or `more: --cursor N` (the table)
+    says there is more, and `--cursor N` goes on after it."""
+    env = base_env(database_url)
+    ok(run(["migrate"], env, tmp_path))
+    eid = ok(run(["submit", MAIL, '"a@x"', '"hi"'], env, tmp_path)).split()[1]
+    ok(run(["pause", eid], env, tmp_path))
+    ok(run(["unpause", eid], env, tmp_path))  # pending, paused, pending: three events
+    first = ok_json(run(["history", eid, "--limit", "2", "--json"], env, tmp_path))
+    assert [e["seq"] for e in first["items"]] == [1, 2] and first["next_cursor"] == "2"
+    rest = ok_json(run(["history", eid, "--limit", "2", "--cursor", "2", "--json"],
+                       env, tmp_path))
+    assert [e["seq"] for e in rest["items"]] == [3] and rest["next_cursor"] is None
+    table = ok(run(["history", eid, "--limit", "1"], env, tmp_path)).splitlines()
+    assert table[-1] == "more: --cursor 1" and len(table) == 3, table
+    whole = ok(run(["history", eid], env, tmp_path))
+    assert "more:" not in whole and len(whole.splitlines()) == 4
+    bad = run(["history", eid, "--cursor", "-1"], env, tmp_path)
+    assert bad.returncode == 2 and "--cursor" in bad.stderr, bad
 
 
 def test_veracity_retry(database_url: str, tmp_path: Path) -> None:

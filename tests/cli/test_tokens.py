@@ -4,7 +4,9 @@ one ``error:`` line and writes nothing (docs/security.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sqlite3
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -164,9 +166,15 @@ def test_an_existing_name_and_an_unknown_one(database_url: str, tmp_path: Path) 
 
 
 def test_an_unmigrated_database_says_to_migrate(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/old.db"
-    result = run(["token", "list"], base_env(url), tmp_path)
+    """A database of a Veracity from before tokens (its executions, no token table) says
+    to migrate; a missing file says there is no database, and is not created."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "old.db")) as conn:
+        conn.execute("CREATE TABLE veracity_executions (id TEXT PRIMARY KEY)")
+    result = run(["token", "list"], base_env(f"sqlite:///{tmp_path}/old.db"), tmp_path)
     assert_failure(result, "no such table: veracity_api_tokens", "veracity migrate")
+    missing = run(["token", "list"], base_env(f"sqlite:///{tmp_path}/none.db"), tmp_path)
+    assert_failure(missing, "no Veracity database at", "veracity migrate")
+    assert not (tmp_path / "none.db").exists()
 
 
 def test_help_names_the_token_commands(tmp_path: Path) -> None:

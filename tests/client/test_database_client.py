@@ -196,9 +196,16 @@ async def test_a_database_without_veracitys_tables_is_said_so_at_open(
     name = f"veracity_empty_{uuid.uuid4().hex[:12]}"
     create_database(pg_server_url, name)
     try:
-        for url in (f"sqlite:///{tmp_path}/none.db", with_database(pg_server_url, name)):
-            with pytest.raises(ConfigError, match=r"holds no Veracity database: run "
+        # a missing SQLite file is said so and not created; an empty one is no database
+        with pytest.raises(ConfigError, match=r"^no Veracity database at .*none\.db; run "
+                                              r"`veracity migrate`"):
+            await AsyncDatabaseClient(f"sqlite:///{tmp_path}/none.db", app=APP).open()
+        assert not (tmp_path / "none.db").exists()
+        (tmp_path / "empty.db").write_bytes(b"")
+        for url in (f"sqlite:///{tmp_path}/empty.db", with_database(pg_server_url, name)):
+            with pytest.raises(ConfigError, match=r"holds no Veracity database[:;] run "
                                                   r"`veracity migrate`"):
                 await AsyncDatabaseClient(url, app=APP).open()
+        assert (tmp_path / "empty.db").read_bytes() == b""
     finally:
         drop_database(pg_server_url, name)

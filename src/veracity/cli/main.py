@@ -162,9 +162,11 @@ def settings_from(config_path: str | None, **overrides: Any) -> Settings:
 
 async def with_runtime(settings: Settings, fn: Callable[[Runtime], Awaitable[T]], *,
                        engines: bool = False, read_only: bool = False) -> T:
-    """``read_only``: a command that only reads needs neither the engines' secrets nor a
-    database it would have to create: a missing SQLite file is an error, never created."""
-    runtime = await open_runtime(settings, engines=engines, read_only=read_only)
+    """``read_only``: a command that only reads needs neither the engines' secrets nor the
+    [[cron]] entries' checks. No command here creates a database (``veracity migrate``
+    and ``veracity server`` do): a missing SQLite file is an error, never created."""
+    runtime = await open_runtime(settings, engines=engines, read_only=read_only,
+                                 create=False)
     try:
         return await fn(runtime)
     finally:
@@ -744,25 +746,34 @@ def list_(config_path: str | None, database_url: str | None, app: str | None, as
 @common_options
 @json_option
 @click.argument("execution_id")
-@click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 10_000),
+              help="Events on this page.")
+@click.option("--cursor", default=None, type=click.IntRange(0, 2**31 - 1),
+              help="next_cursor of the previous page (the last seq shown).")
 @click.option("--full", is_flag=True, help="Show each event's data whole (not shortened).")
 def history(config_path: str | None, database_url: str | None, app: str | None, as_json: bool,
-            execution_id: str, limit: int, full: bool) -> None:
-    """Show an execution's history, oldest first."""
+            execution_id: str, limit: int, cursor: int | None, full: bool) -> None:
+    """Show an execution's history, oldest first, a page at a time (as GET
+    /v1/executions/{id}/history: `more: --cursor N` when there is more)."""
     settings = settings_from(config_path, database_url=database_url, app=app)
-    events = run(with_runtime(settings, lambda rt: rt.service.history(execution_id,
-                                                                      limit=limit),
-                              read_only=True))
+    events, after = run(with_runtime(
+        settings, lambda rt: rt.service.history_page(execution_id, after_seq=cursor or 0,
+                                                     limit=limit),
+        read_only=True))
     if as_json:
-        print_json({"items": [event_json(ev) for ev in events], "next_cursor": None})
+        print_json({"items": [event_json(ev) for ev in events],
+                    "next_cursor": None if after is None else str(after)})
         return
     if full:
         for ev in events:
             click.echo(f"{ev.seq}  {fmt_time(ev.at)}  {ev.kind}")
             click.echo(json.dumps(ev.data, indent=2, ensure_ascii=False, sort_keys=True))
-        return
-    print_table(["seq", "at", "kind", "data"],
-                [[str(ev.seq), fmt_time(ev.at), ev.kind, short(ev.data, 90)] for ev in events])
+    else:
+        print_table(["seq", "at", "kind", "data"],
+                    [[str(ev.seq), fmt_time(ev.at), ev.kind, short(ev.data, 90)]
+                     for ev in events])
+    if after is not None:
+        click.echo(f"more: --cursor {after}")
 
 
 async def replay_execution(rt: Runtime, execution_id: str) -> ReplayResult:
@@ -1009,7 +1020,7 @@ def token() -> None:
 
 
 async def with_tokens(settings: Settings, fn: Callable[[TokenService], Awaitable[T]]) -> T:
-    store = await open_store(settings.database_url)
+    store = await open_store(settings.database_url, create=False)  # never a new file
     try:
         return await fn(TokenService(store))
     finally:
