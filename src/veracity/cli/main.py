@@ -1,8 +1,9 @@
 """Commands: server, worker, workers, crons, deployments, migrate, submit, get, list, history,
-replay, retry, cancel, pause, unpause, send, resolve, token.
+replay, retry, cancel, pause, unpause, send, resolve, prune, token.
 
-Exit codes: 0 success, 1 an error (bad input, not found, database unreachable),
-2 a usage error (click's own).
+Exit codes (README.md, "CLI"): 0 success; 1 an error found while the command ran (bad
+input, not found, a refused action, database unreachable: one ``error:`` line); 2 a command
+line click could not parse (its ``Usage:`` message).
 """
 
 from __future__ import annotations
@@ -213,7 +214,8 @@ def parse_time(name: str, value: str | None) -> datetime | None:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not an ISO 8601 time", param_hint=name) from None
+        raise click.BadParameter(f"{value!r} is not an ISO 8601 time with its offset, e.g. "
+                                 "2030-01-01T00:00:00Z", param_hint=name) from None
     if parsed.tzinfo is None:
         raise click.BadParameter("give a timezone, e.g. 2030-01-01T00:00:00Z", param_hint=name)
     return parsed
@@ -605,12 +607,13 @@ def _show_ended(execution: Execution, as_json: bool) -> None:
 @common_options
 @json_option
 @click.argument("ffqn", required=False)
-@click.argument("params", nargs=-1)
+@click.argument("params", nargs=-1, metavar="[PARAM]...")
 @click.option("--params", "params_json", default=None, metavar="JSON",
               help="All parameters as one JSON array.")
 @click.option("--idempotency-key", default=None, help="Submitting again returns the same one.")
 @click.option("--scheduled-at", default=None, metavar="TIME",
-              help="ISO 8601 time before which it is not run.")
+              help="Not run before this time: ISO 8601 with its offset "
+                   "(2030-01-01T00:00:00Z).")
 @click.option("--paused", is_flag=True, help="Submit on hold (unpause to run it).")
 @click.option("--from-file", "from_file", default=None, metavar="FILE.jsonl",
               type=click.Path(dir_okay=False),
