@@ -992,9 +992,10 @@ def resolve(config_path: str | None, database_url: str | None, app: str | None,
     actor = by or os.environ.get("USER") or "cli"
 
     async def go(rt: Runtime) -> Resolved:
-        return await _or_refused("resolve", execution_id, rt.service.resolve(
-            execution_id, action=chosen[0], external_id=attach, reason=reason, actor=actor,
-            force=force))
+        # not _or_refused: a 409 here may say the request was recorded and waits for the
+        # engine's confirmation, which is no refusal
+        return await rt.service.resolve(execution_id, action=chosen[0], external_id=attach,
+                                        reason=reason, actor=actor, force=force)
 
     resolved = run(with_runtime(settings, go, engines=True))
     execution = resolved.execution
