@@ -605,4 +605,27 @@ async def test_a_body_declared_as_not_json_is_415_with_a_hint(
         error = response.json()["error"]
         assert error["code"] == "unsupported_media_type"
         assert "-H 'content-type: application/json'" in error["message"]
+    # a write that takes no body is refused the same, before it runs (the document lists
+    # 415 on every write under /v1: tests/api/test_openapi.py)
+    response = await client.put(f"/v1/executions/{seeded['id']}/unpause", content=b"hello",
+                                headers={"content-type": content_type})
+    assert response.status_code == 415, response.text
+    assert response.json()["error"]["code"] == "unsupported_media_type"
+    assert await store.execution_list(ExecutionFilter(), limit=100) == before
+
+
+async def test_a_body_over_the_limit_is_413_on_any_route(
+    client: httpx.AsyncClient, store: Store, seeded: dict[str, Any]
+) -> None:
+    """The limit is the middleware's, before any route: a route that reads no body refuses
+    one over it too (the document lists 413 on every route), and nothing changes."""
+    before = await store.execution_list(ExecutionFilter(), limit=100)
+    big = json.dumps({"pad": "x" * (MAX_PAYLOAD + 10)}).encode()
+    for method, path in [("GET", "/healthz"), ("GET", "/v1/executions"),
+                         ("PUT", f"/v1/executions/{seeded['id']}/cancel"),
+                         ("PUT", f"/v1/executions/{seeded['id']}/retry")]:
+        response = await client.request(method, path, content=big,
+                                        headers={"content-type": "application/json"})
+        assert response.status_code == 413, (method, path, response.text)
+        assert response.json()["error"]["code"] == "payload_too_large"
     assert await store.execution_list(ExecutionFilter(), limit=100) == before

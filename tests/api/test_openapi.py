@@ -59,8 +59,12 @@ def derived_errors(doc: dict[str, Any], method: str, path: str,
     """The error statuses a route answers because of what it takes, from its own entry:
     a path id (400 invalid_id for an execution id, 404 unknown), a body (413, 415, 422), a
     query that can be invalid (422; 400 for a cursor), its access (401, 403) and the
-    database (503, on every route but /metrics)."""
-    out: set[int] = set()
+    database (503, on every route but /metrics). The middleware answers 413 on any route
+    (a body over the limit, read or not) and 415 on any write under /v1 (a body declared
+    not JSON; tests/api/test_bodies.py)."""
+    out: set[int] = {413}
+    if method in {"POST", "PUT", "PATCH"} and path.startswith("/v1/"):
+        out.add(415)
     params = {p["name"]: p for p in op.get("parameters", [])}
     if "execution_id" in params:
         out |= {400, 404}

@@ -134,6 +134,7 @@ async def test_many_waits_are_woken_each_by_its_own_end(
 
 @pytest.mark.parametrize("value", [
     "61s", "60.5", "-1s", "-0.5", "abc", "1y", "", "30 s s", "nan", "inf", "1e3", "2m",
+    "1" * 40, " " * 30 + "5s" + " " * 3,  # over 32 characters: invalid_wait as well
 ])
 async def test_a_wait_out_of_range_is_422(
     client: httpx.AsyncClient, store: Store, value: str

@@ -148,9 +148,18 @@ def _validation_text(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _wait_schema(schema: dict[str, Any]) -> None:
+    """``?wait=``'s text is at most 32 characters: said on its string branch, as a
+    ``max_length`` would say it, and enforced by :func:`_wait_seconds`."""
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "string":
+            branch["maxLength"] = 32
+
+
 def _wait_seconds(text: str) -> float:
     try:
-        seconds = parse_duration(text.strip())
+        # a duration is short: a long text is no duration (and is not parsed)
+        seconds = parse_duration(text.strip()) if len(text) <= 32 else -1.0
     except ValueError:
         seconds = -1.0
     if not 0 <= seconds <= MAX_WAIT:
@@ -351,7 +360,10 @@ def _define_api(app: APIRouter) -> None:
     async def get_execution(
         execution_id: ExecutionId, service: Service,
         wait: Annotated[str | None, Query(
-            max_length=32, description="Long poll: answer as soon as the execution is "
+            # said, and refused as invalid_wait (not FastAPI's invalid_input) by
+            # _wait_seconds
+            json_schema_extra=_wait_schema,
+            description="Long poll: answer as soon as the execution is "
             "terminal, or with its current state after this long (0 to 60 s: 30s, 1.5s, "
             "500ms, or a number of seconds); out of range: 422 invalid_wait")] = None,
     ) -> ExecutionOut:
@@ -496,9 +508,11 @@ def _define_api(app: APIRouter) -> None:
               )
     async def adopt(deployment_id: DeploymentId, service: Service,
                     body: AdoptRequest | None = None) -> AdoptOut:
-        """Move the stranded executions of an older deployment (those whose workflow name
-        starts with ffqn_prefix, if given) onto this server's deployment, each with an
-        ``adopted`` event {from, to, by} in its history; answers how many and which.
+        """Move the unfinished executions of an older deployment (those whose workflow name
+        starts with ffqn_prefix, if given; with no live worker of it, its stranded ones and
+        any that a worker upgrading automatically would run) onto this server's
+        deployment, each with an ``adopted`` event {from, to, by} in its history; answers
+        how many and which.
         404 for an unknown deployment; 409 deployment_live while it has a live worker,
         unknown_target if this server's deployment was never recorded; 422 for the current
         deployment itself or a prefix no workflow name can start with."""

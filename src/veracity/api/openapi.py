@@ -3,8 +3,9 @@ with their codes (README's error table, docs/security.md for 401 and 403).
 
 :data:`ROUTE_ERRORS` is the one table of the errors each route answers by itself (its
 input, its state checks). Added to them: ``401`` and ``403`` on every route that needs an
-API token (``veracity.api.auth``), ``401`` on the engine callbacks, and ``503
-database_unavailable`` on every route but ``/metrics``. :func:`finish_document` removes
+API token (``veracity.api.auth``), ``401`` on the engine callbacks, ``413`` on every route
+and ``415`` on every write under ``/v1`` (the middleware answers them before any route),
+and ``503 database_unavailable`` on every route but ``/metrics``. :func:`finish_document` removes
 any other error response FastAPI would list on its own (a ``422`` for a route whose input
 cannot be invalid, say), so that each route lists only what it can answer.
 """
@@ -19,6 +20,7 @@ from pydantic.json_schema import models_json_schema
 
 from veracity.api import bodies
 from veracity.api.auth import ROUTE_ACCESS, Unscoped
+from veracity.api.limits import JsonBodies
 from veracity.api.schemas import ErrorOut
 
 EXECUTION = "/v1/executions/{execution_id}"
@@ -47,7 +49,7 @@ ROUTE_SUMMARIES: Mapping[tuple[str, str], str] = {
     ("GET", "/v1/crons"): "List the server's cron entries",
     ("GET", "/v1/deployments"): "List deployments",
     ("POST", "/v1/deployments/{deployment_id}/adopt"):
-        "Adopt a deployment's stranded executions",
+        "Adopt a deployment's unfinished executions",
 }
 
 _ID = {400: ("invalid_id",), 404: ("not_found",)}
@@ -114,6 +116,12 @@ def listed_errors(method: str, path: str) -> dict[int, tuple[str, ...]]:
     elif access is not Unscoped.OPEN:
         errors[401] = ("unauthorized",)
         errors[403] = ("forbidden",)
+    # the middleware's, before any route: a body over max_payload_bytes on any request
+    # (BodySizeLimit), a body declared not JSON on a write under /v1 (JsonBodies), whether
+    # or not the route reads a body
+    errors.setdefault(413, BODY[413])
+    if method in JsonBodies.METHODS and path.startswith("/v1/"):
+        errors.setdefault(415, BODY[415])
     if path != "/metrics":
         errors[503] = ("database_unavailable",)
     return dict(sorted(errors.items()))

@@ -220,14 +220,15 @@ class ExecutionOut(BaseModel):
     waiting_reason: str | None = Field(
         default=None, description="Why an unfinished execution is not finished yet, in "
         "words (asleep until T, waiting for a message or children, paused by whom, held by "
-        "which worker and what recovery will do, scheduled for T, no live worker for it); "
-        "null once terminal: docs/states.md"
+        "which worker and what recovery will do, scheduled for T, no live worker for it), "
+        "in GET /v1/executions/{id} and the list; null once terminal, and in the answers of "
+        "other routes (submit, pause, ...): docs/states.md"
     )
     elided: dict[str, int] | None = Field(
         default=None,
         description="In list items only: the values left out because they are larger than "
                     f"{LIST_VALUE_BYTES} bytes (params, result, error), each with its size "
-                    "in bytes; GET the execution for them. Absent when nothing was left out.")
+                    "in bytes; GET the execution for them. null when nothing was left out.")
 
     @classmethod
     def of(cls, e: Execution, waiting_reason: str | None = None, *,
@@ -433,7 +434,9 @@ class WorkerOut(BaseModel):
 
 class WorkerPage(BaseModel):
     items: list[WorkerOut]
-    next_cursor: str | None = None
+    next_cursor: str | None = Field(
+        default=None, description="Always null: the answer is one page, the `limit` most "
+        "recently started workers")
 
 
 class CronOut(BaseModel):
@@ -504,7 +507,8 @@ class DeploymentOut(BaseModel):
 
 class DeploymentPage(BaseModel):
     items: list[DeploymentOut]
-    next_cursor: str | None = None
+    next_cursor: str | None = Field(
+        default=None, description="Always null: every deployment is in the one page")
 
 
 class AdoptRequest(BaseModel):

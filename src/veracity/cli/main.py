@@ -366,7 +366,7 @@ def deployments(ctx: click.Context, config_path: str | None, database_url: str |
 @click.option("--by", default=None, help="Who adopts them (default: $USER).")
 def adopt(config_path: str | None, database_url: str | None, app: str | None,
           as_json: bool, old: str, ffqn_prefix: str | None, by: str | None) -> None:
-    """Move the stranded executions of deployment OLD onto the current deployment (this
+    """Move the unfinished executions of deployment OLD onto the current deployment (this
     process's: deployment_id, or the digest of its app's code). Check first that their
     histories replay on the new code (docs/deployments.md)."""
     settings = settings_from(config_path, database_url=database_url, app=app)
