@@ -504,6 +504,34 @@ def test_a_port_in_use_is_refused_before_anything_is_written(tmp_path: Path) -> 
     assert list(tmp_path.iterdir()) == []
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_a_server_on_an_ipv6_address_serves_and_says_its_url(tmp_path: Path) -> None:
+    """The port is bound by the server itself (to refuse one in use before anything is
+    written): an IPv6 host works as before, and the URL it prints has the address in
+    brackets, as a URL needs."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+        probe.bind(("::1", 0))
+        port = probe.getsockname()[1]
+    env = server_env(f"sqlite:///{tmp_path}/v.db", port, VERACITY_HOST="::1")
+    with server_process(tmp_path, env, port, ["--no-worker"]) as served:
+        deadline = time.monotonic() + 20
+        while "Veracity is serving" not in served.stdout() and time.monotonic() < deadline:
+            assert served.proc.poll() is None, served.stderr()
+            time.sleep(0.05)
+        assert served.stdout().startswith(f"Veracity is serving http://[::1]:{port}  "), \
+            served.stdout()
+        assert httpx.get(f"http://[::1]:{port}/healthz", timeout=5).status_code == 200
+
+
 def test_sqlite_in_process_worker_learns_of_requests_and_new_work_at_once(
     tmp_path: Path,
 ) -> None:

@@ -212,30 +212,44 @@ def build_server_api(settings: Settings, *, with_worker: bool | None = None) -> 
                       telemetry=telemetry)
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """The server's listening socket, bound before anything else is done (as uvicorn binds
-    it): a port in use, or a host that is not this machine's, is a :class:`ConfigError`
-    naming them, before the database is touched."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family=family)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def listen(host: str, port: int) -> list[socket.socket]:
+    """The server's listening sockets, bound before anything else is done, as asyncio's
+    ``create_server`` would bind them for ``host`` (one per address it names: "localhost"
+    may be two; an IPv6 one takes IPv6 only): a port in use, or a host that is not this
+    machine's, is a :class:`ConfigError` naming them, before the database is touched."""
+    def refused(why: object) -> ConfigError:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return ConfigError(f"cannot listen on {where}: {why} (set --port / VERACITY_PORT, "
+                           "or --host / VERACITY_HOST)")
+
     try:
-        sock.bind((host, port))
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise refused(exc.strerror or exc) from None
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.set_inheritable(True)
     except OSError as exc:
-        sock.close()
-        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
-        raise ConfigError(f"cannot listen on {where}: {exc.strerror or exc} (set --port / "
-                          "VERACITY_PORT, or --host / VERACITY_HOST)") from None
-    sock.set_inheritable(True)
-    return sock
+        for sock in socks:
+            sock.close()
+        raise refused(exc.strerror or exc) from None
+    return socks
 
 
 async def serve(settings: Settings, *, with_worker: bool | None = None,
-                sock: socket.socket | None = None) -> int:
-    """Serve the API on ``sock`` (default: :func:`listen` on the settings' host and
+                socks: list[socket.socket] | None = None) -> int:
+    """Serve the API on ``socks`` (default: :func:`listen` on the settings' host and
     port) until SIGTERM or SIGINT."""
-    if sock is None:
-        sock = listen(settings.host, settings.port)
+    if socks is None:
+        socks = listen(settings.host, settings.port)
     api = build_server_api(settings, with_worker=with_worker)
     config = uvicorn.Config(
         api,
@@ -248,7 +262,7 @@ async def serve(settings: Settings, *, with_worker: bool | None = None,
         limit_concurrency=settings.server.max_connections,
     )
     server = _Server(config, api)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    task = asyncio.create_task(server.serve(sockets=socks))
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
     # started: the collector's settings of a long run (veracity/_heap.py)
@@ -257,6 +271,7 @@ async def serve(settings: Settings, *, with_worker: bool | None = None,
         for srv in server.servers:
             for sock in srv.sockets:
                 host, port = sock.getsockname()[:2]
+                host = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
                 tokens = ("API tokens required" if settings.auth_required
                           else "no API token required")
                 print(f"Veracity is serving http://{host}:{port}  (API docs: "
@@ -299,20 +314,21 @@ def run_server(settings: Settings, *, with_worker: bool | None = None) -> int:
     try:
         # the port first: one in use is refused before anything is written (the SQLite
         # file's lock, the database)
-        sock = listen(settings.host, settings.port)
+        socks = listen(settings.host, settings.port)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
         one_server_per_sqlite_file(settings)  # held until the process ends
     except ConfigError as exc:
-        sock.close()
+        for sock in socks:
+            sock.close()
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
         # uvloop (uvicorn[standard] brings it), as `veracity worker` runs: the same
         # asyncio, its loop in C; some 5 % more submissions/s here (bench/README.md)
-        return uvloop.run(serve(settings, with_worker=with_worker, sock=sock))
+        return uvloop.run(serve(settings, with_worker=with_worker, socks=socks))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         print("interrupted", file=sys.stderr)
         return 130
