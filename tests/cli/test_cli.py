@@ -10,8 +10,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -394,6 +396,30 @@ def test_commands_never_create_a_database(tmp_path: Path) -> None:
     (tmp_path / "veracity.db").write_bytes(b"")
     assert_failure(run(["list"], env, tmp_path), "holds no Veracity database")
     assert (tmp_path / "veracity.db").read_bytes() == b""
+
+
+def test_a_worker_started_before_its_database_has_tables_waits_for_them(
+        tmp_path: Path) -> None:
+    """`veracity worker` is the one command besides migrate and server that opens a
+    database with no tables (README, CLI): it waits, saying so, and runs work once a
+    migration made them; SIGTERM then stops it (exit 0)."""
+    env = base_env("sqlite:///./veracity.db")
+    err = tmp_path / "worker.err"
+    with err.open("wb") as stderr:
+        worker = subprocess.Popen([VERACITY, "worker"], env=env, cwd=tmp_path,
+                                  stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 20
+        while "database unavailable, retrying: no such table" not in err.read_text():
+            assert worker.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+        ok(run(["migrate"], env, tmp_path))
+        done = ok(run(["submit", MAIL, '"a@x"', '"hi"', "--wait"], env, tmp_path))
+        assert table_field(done, "status") == "completed", done
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=30)
+    assert code == 0, err.read_text()
 
 
 def test_read_commands_need_no_engine_secrets(database_url: str, tmp_path: Path) -> None:

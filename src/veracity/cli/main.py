@@ -164,8 +164,9 @@ def settings_from(config_path: str | None, **overrides: Any) -> Settings:
 async def with_runtime(settings: Settings, fn: Callable[[Runtime], Awaitable[T]], *,
                        engines: bool = False, read_only: bool = False) -> T:
     """``read_only``: a command that only reads needs neither the engines' secrets nor the
-    [[cron]] entries' checks. No command here creates a database (``veracity migrate``
-    and ``veracity server`` do): a missing SQLite file is an error, never created."""
+    [[cron]] entries' checks. No command run through here creates a database
+    (``veracity migrate``, ``veracity server`` and ``veracity worker`` open their own):
+    a missing SQLite file is an error, never created."""
     runtime = await open_runtime(settings, engines=engines, read_only=read_only,
                                  create=False)
     try:
