@@ -7,6 +7,7 @@ import dataclasses
 import json
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from pydantic_core import to_json
@@ -61,3 +62,24 @@ def test_json_many_is_to_json_of_each_plain_item() -> None:
     assert texts == [to_json(ExecutionOut.plain(e)).decode() for e in executions]
     assert texts[1] != texts[0].replace(str(BASE.id), str(executions[1].id))
     assert '"scheduled_at":"2026-12-01T20:05:07.123456+02:00"' in texts[1]
+
+
+TOUCHED: dict[str, Any] = {
+    "lease_owner": "w", "lease_epoch": 2, "lease_expires_at": AT, "wake_at": AT,
+    "cancel_requested_at": AT, "pause_requested_at": AT, "engine": "n8n",
+    "external_execution_id": "x", "triggered_at": AT, "flagged_at": AT, "flag_reason": "r",
+    "flag_kind": "forced", "end_request": {"action": "fail"}, "end_requested_at": AT,
+    "retry_of": uuid.uuid4(), "started_at": AT,
+}
+
+
+@pytest.mark.parametrize("field", sorted(TOUCHED))
+def test_json_many_writes_each_later_field_that_is_set(field: str) -> None:
+    """json_many writes the fields after updated_at of a row no one has touched yet as one
+    constant text; an execution with any one of them set (each in turn) is written field by
+    field, and both are exactly to_json of the plain dict."""
+    untouched = dataclasses.replace(BASE, id=uuid.uuid4())
+    touched = dataclasses.replace(BASE, id=uuid.uuid4(), **{field: TOUCHED[field]})
+    texts = ExecutionOut.json_many([untouched, touched])
+    assert texts == [to_json(ExecutionOut.plain(e)).decode() for e in (untouched, touched)]
+    assert f'"{field}":null' not in texts[1]

@@ -4,6 +4,7 @@ wake-up notifications for workers. Runs unchanged against every backend."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ import pytest
 
 from tests.store._support import RawSQL, StoreFactory, new_execution
 from veracity.clock import ManualClock
+from veracity.core.states import Status
 from veracity.models import Claim
 from veracity.store import Store
 from veracity.store._common import lock_key
@@ -171,6 +173,86 @@ async def test_pending_notifications_wake_workers_on_a_release(store: Store) -> 
         assert tr.applied
 
     assert await _wakes_up(store, claim_and_release)
+
+
+PG_ONLY = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+
+
+async def _heard_after(store: Store, work: Callable[[], Awaitable[None]]) -> bool:
+    """Listen, do ``work`` once (its transactions commit before it returns), and say
+    whether a wake-up came within half a second."""
+    notifications = store.pending_notifications()
+    await asyncio.wait_for(anext(notifications), 10)  # listening now (it yields None)
+    waiting = asyncio.ensure_future(anext(notifications))
+    try:
+        await work()
+        done, _ = await asyncio.wait({waiting}, timeout=0.5)
+        return bool(done) and waiting.result() is None
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await notifications.aclose()  # type: ignore[attr-defined]
+
+
+@PG_ONLY
+async def test_a_batch_of_pending_submissions_wakes_workers(store: Store) -> None:
+    """One statement inserts the whole batch; its trigger, run once for the statement
+    (migration 0018), notifies because a row it inserted is pending."""
+    async def batch() -> None:
+        done = await store.execution_submit_many(
+            [new_execution("app.n", [i]) for i in range(3)])
+        assert all(s.created for s in done)
+
+    assert await _heard_after(store, batch)
+
+
+@PG_ONLY
+async def test_an_insert_that_leaves_nothing_pending_wakes_no_worker(store: Store) -> None:
+    """Paused submissions, and a submission whose key names an execution already (it
+    inserts nothing), give a worker nothing to claim: no notification."""
+    first = await store.execution_submit(new_execution("app.n", idempotency_key="k"))
+
+    async def paused() -> None:
+        done = await store.execution_submit_many([
+            dataclasses.replace(new_execution("app.n", [i]), paused=True) for i in range(2)])
+        assert [s.execution.status for s in done] == [Status.PAUSED] * 2
+
+    async def known_key() -> None:
+        again = await store.execution_submit(new_execution("app.n", idempotency_key="k"))
+        assert not again.created and again.execution.id == first.execution.id
+
+    assert not await _heard_after(store, paused)
+    assert not await _heard_after(store, known_key)
+
+
+@PG_ONLY
+async def test_an_update_that_makes_a_row_pending_still_wakes_workers(store: Store) -> None:
+    """Migration 0018 left the row-level trigger to updates: an unpause makes the row
+    pending again and notifies."""
+    (held,) = await store.execution_submit_many(
+        [dataclasses.replace(new_execution("app.n"), paused=True)])
+
+    async def unpause() -> None:
+        assert (await store.execution_unpause(held.execution.id)).changed
+
+    assert await _heard_after(store, unpause)
+
+
+@PG_ONLY
+async def test_an_insert_notifies_once_per_statement_not_once_per_row(
+    store: Store, database_url: str
+) -> None:
+    """The catalog's account of migration 0018: inserts into veracity_executions run one
+    statement-level trigger (with the inserted rows as a transition table); the row-level
+    one fires on updates of status only."""
+    rows = RawSQL(database_url).execute(
+        "SELECT tgname, (tgtype & 1) = 1 AS per_row, (tgtype & 4) = 4 AS on_insert,"
+        " (tgtype & 16) = 16 AS on_update FROM pg_trigger"
+        " WHERE tgrelid = 'veracity_executions'::regclass"
+        " AND tgname IN ('veracity_executions_pending', 'veracity_executions_pending_inserted')"
+        " ORDER BY tgname")
+    assert rows == [("veracity_executions_pending", True, False, True),
+                    ("veracity_executions_pending_inserted", False, True, False)]
 
 
 # -- SQLite: the lock is a flock on a file beside the database -------------------------------

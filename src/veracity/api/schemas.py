@@ -295,27 +295,43 @@ class ExecutionOut(BaseModel):
                 done = seen[key] = to_json(value).decode()
                 return done
 
-        return [
-            f'{{"id":"{e.id}","ffqn":{text(e.ffqn)},"params":{text(e.params)},'
-            f'"status":{text(str(e.status))},"result":{text(e.result)},'
-            f'"error":{text(e.error)},"attempt":{text(e.attempt)},'
-            f'"deployment_id":{text(e.deployment_id)},'
-            f'"parent_id":{_id_text(e.parent_id)},'
-            f'"idempotency_key":{text(e.idempotency_key)},'
-            f'"scheduled_at":{text(e.scheduled_at)},"created_at":{text(e.created_at)},'
-            f'"updated_at":{text(e.updated_at)},"lease_owner":{text(e.lease_owner)},'
-            f'"lease_epoch":{text(e.lease_epoch)},'
-            f'"lease_expires_at":{text(e.lease_expires_at)},"wake_at":{text(e.wake_at)},'
-            f'"cancel_requested_at":{text(e.cancel_requested_at)},'
-            f'"pause_requested_at":{text(e.pause_requested_at)},"engine":{text(e.engine)},'
-            f'"external_execution_id":{text(e.external_execution_id)},'
-            f'"triggered_at":{text(e.triggered_at)},"flagged_at":{text(e.flagged_at)},'
-            f'"flag_reason":{text(e.flag_reason)},"flag_kind":{text(e.flag_kind)},'
-            f'"end_request":{text(e.end_request)},'
-            f'"end_requested_at":{text(e.end_requested_at)},'
-            f'"retry_of":{_id_text(e.retry_of)},"started_at":{text(e.started_at)},'
-            f'"waiting_reason":null,"elided":null}}'
-            for e in executions]
+        def head(e: Execution) -> str:
+            return (
+                f'{{"id":"{e.id}","ffqn":{text(e.ffqn)},"params":{text(e.params)},'
+                f'"status":{text(str(e.status))},"result":{text(e.result)},'
+                f'"error":{text(e.error)},"attempt":{text(e.attempt)},'
+                f'"deployment_id":{text(e.deployment_id)},'
+                f'"parent_id":{_id_text(e.parent_id)},'
+                f'"idempotency_key":{text(e.idempotency_key)},'
+                f'"scheduled_at":{text(e.scheduled_at)},"created_at":{text(e.created_at)},'
+                f'"updated_at":{text(e.updated_at)},')
+
+        def tail(e: Execution) -> str:
+            if (e.lease_owner is None and e.lease_epoch.__class__ is int
+                    and e.lease_epoch == 0 and e.lease_expires_at is None
+                    and e.wake_at is None and e.cancel_requested_at is None
+                    and e.pause_requested_at is None and e.engine is None
+                    and e.external_execution_id is None and e.triggered_at is None
+                    and e.flagged_at is None and e.flag_reason is None
+                    and e.flag_kind is None and e.end_request is None
+                    and e.end_requested_at is None and e.retry_of is None
+                    and e.started_at is None):
+                return _UNTOUCHED_TAIL  # a row as a submission writes it
+            return (
+                f'"lease_owner":{text(e.lease_owner)},'
+                f'"lease_epoch":{text(e.lease_epoch)},'
+                f'"lease_expires_at":{text(e.lease_expires_at)},"wake_at":{text(e.wake_at)},'
+                f'"cancel_requested_at":{text(e.cancel_requested_at)},'
+                f'"pause_requested_at":{text(e.pause_requested_at)},"engine":{text(e.engine)},'
+                f'"external_execution_id":{text(e.external_execution_id)},'
+                f'"triggered_at":{text(e.triggered_at)},"flagged_at":{text(e.flagged_at)},'
+                f'"flag_reason":{text(e.flag_reason)},"flag_kind":{text(e.flag_kind)},'
+                f'"end_request":{text(e.end_request)},'
+                f'"end_requested_at":{text(e.end_requested_at)},'
+                f'"retry_of":{_id_text(e.retry_of)},"started_at":{text(e.started_at)},'
+                f'"waiting_reason":null,"elided":null}}')
+
+        return [head(e) + tail(e) for e in executions]
 
     @staticmethod
     def fields_of(e: Execution, values: dict[str, Any], elided: dict[str, int],
@@ -353,6 +369,17 @@ class ExecutionOut(BaseModel):
             started_at=e.started_at,
             waiting_reason=waiting_reason,
         )
+
+
+_UNTOUCHED_TAIL = (
+    '"lease_owner":null,"lease_epoch":0,"lease_expires_at":null,"wake_at":null,'
+    '"cancel_requested_at":null,"pause_requested_at":null,"engine":null,'
+    '"external_execution_id":null,"triggered_at":null,"flagged_at":null,'
+    '"flag_reason":null,"flag_kind":null,"end_request":null,"end_requested_at":null,'
+    '"retry_of":null,"started_at":null,"waiting_reason":null,"elided":null}'
+)
+"""The fields after ``updated_at`` of an execution no worker, operator or engine has
+touched yet (:meth:`ExecutionOut.json_many`): all null but ``lease_epoch`` 0."""
 
 
 def _id_text(value: uuid.UUID | None) -> str:
