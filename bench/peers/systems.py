@@ -216,7 +216,7 @@ SYSTEMS = [
            has_steps=True, via="database"),
     # The settings docs/scaling.md ("Settings for short workflows") recommends for a host
     # of workers running short async workflows: worker.concurrency 512 (each claim of at
-    # most 256) instead of the default 256
+    # most 128, as at the default) instead of the default 256
     System("Veracity (tuned: concurrency 512, database client)", "veracity",
            "SELECT count(*) FROM veracity_executions WHERE status <> 'completed'",
            has_steps=True, via="database",

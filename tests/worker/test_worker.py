@@ -437,8 +437,11 @@ class _RecordedClaims:
         return got
 
 
-@pytest.mark.parametrize(("concurrency", "most"), [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3)])
-def test_a_claim_takes_at_most_half_the_slots(concurrency: int, most: int) -> None:
+@pytest.mark.parametrize(("concurrency", "most"), [
+    (1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (255, 128), (256, 128), (257, 128), (512, 128),
+    (10_000, 128)])
+def test_a_claim_takes_at_most_half_the_slots_and_never_more_than_128(
+        concurrency: int, most: int) -> None:
     assert claim_limit(concurrency) == most
 
 
@@ -457,6 +460,24 @@ async def test_claims_of_half_the_slots_still_fill_them_all(store: Store) -> Non
         for ex in held:
             await wait_status(store, ex.id, Status.COMPLETED)
     assert all(limit <= 2 for limit, _ in recorded.claims), recorded.claims
+
+
+async def test_a_worker_of_many_slots_claims_128_at_a_time_and_fills_them(
+        store: Store) -> None:
+    """Concurrency 300: each claim takes at most 128 (not half, 150), and the worker claims
+    again at once until every slot is busy: 300 gated runs at once."""
+    recorded = _RecordedClaims(store)
+    held = [await submit(store, "wt:gated/run.fn", f"m{i}") for i in range(310)]
+    worker = make_worker(cast(Store, recorded), SETTINGS.model_copy(update={"concurrency": 300}))
+    async with running(worker):
+        await until(lambda: _true(len(worker.runs) == 300), what="300 runs")
+        assert all(limit <= 128 for limit, _ in recorded.claims), recorded.claims
+        assert max(took for _, took in recorded.claims) == 128, recorded.claims
+        for i in range(310):
+            gate(f"m{i}:1").set()
+        for ex in held:
+            await wait_status(store, ex.id, Status.COMPLETED)
+    assert all(limit <= 128 for limit, _ in recorded.claims), recorded.claims
 
 
 class _HeldCompletions:

@@ -69,12 +69,17 @@ HANDOFF_GRACE = 1.0
 (its notification was sent when the submission committed, before the worker learnt it)."""
 
 
+MAX_CLAIM = 128
+"""The most one claim takes however many slots a worker has: a burst of work is spread
+over the workers asking for it, 128 at a time, not taken whole by the first one."""
+
+
 def claim_limit(concurrency: int) -> int:
-    """The most one claim takes: half the worker's slots, rounded up (docs/workers.md,
-    "Concurrency"). Its next claim is then on its way to the database while the executions
-    of the last one run, instead of after them; claims of all the slots at once left the
-    worker idle for each claim's round trip."""
-    return (concurrency + 1) // 2
+    """The most one claim takes: half the worker's slots, rounded up, and at most
+    :data:`MAX_CLAIM` (docs/workers.md, "Concurrency"). Its next claim is then on its way
+    to the database while the executions of the last one run, instead of after them;
+    claims of all the slots at once left the worker idle for each claim's round trip."""
+    return min(MAX_CLAIM, (concurrency + 1) // 2)
 
 
 class RateLimitedLog:
