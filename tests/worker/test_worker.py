@@ -445,39 +445,41 @@ def test_a_claim_takes_at_most_half_the_slots_and_never_more_than_128(
     assert claim_limit(concurrency) == most
 
 
+async def _claims_filling(store: Store, concurrency: int, held: int
+                          ) -> list[tuple[int, int]]:
+    """``held`` gated executions, a worker of ``concurrency`` slots: once every slot is
+    busy, release them all; every claim's (limit, taken)."""
+    recorded = _RecordedClaims(store)
+    ids = [(await submit(store, "wt:gated/run.fn", f"c{concurrency}-{i}")).id
+           for i in range(held)]
+    worker = make_worker(cast(Store, recorded),
+                         SETTINGS.model_copy(update={"concurrency": concurrency}))
+    async with running(worker):
+        await until(lambda: _true(len(worker.runs) == concurrency),
+                    what=f"{concurrency} runs")
+        filled = list(recorded.claims)
+        for i in range(held):
+            gate(f"c{concurrency}-{i}:1").set()
+        for ident in ids:
+            await wait_status(store, ident, Status.COMPLETED)
+    assert sum(took for _, took in filled) == concurrency, filled
+    return recorded.claims
+
+
 async def test_claims_of_half_the_slots_still_fill_them_all(store: Store) -> None:
     """With four slots each claim takes at most two (docs/workers.md, "Concurrency"), and
     the worker claims again at once: four gated runs hold all four slots."""
-    recorded = _RecordedClaims(store)
-    held = [await submit(store, "wt:gated/run.fn", f"h{i}") for i in range(6)]
-    worker = make_worker(cast(Store, recorded))  # concurrency 4
-    async with running(worker):
-        await until(lambda: _true(len(worker.runs) == 4), what="four runs")
-        assert all(limit <= 2 for limit, _ in recorded.claims), recorded.claims
-        assert sum(took for _, took in recorded.claims) == 4, recorded.claims
-        for i in range(6):
-            gate(f"h{i}:1").set()
-        for ex in held:
-            await wait_status(store, ex.id, Status.COMPLETED)
-    assert all(limit <= 2 for limit, _ in recorded.claims), recorded.claims
+    claims = await _claims_filling(store, 4, 6)
+    assert all(limit <= 2 for limit, _ in claims), claims
 
 
 async def test_a_worker_of_many_slots_claims_128_at_a_time_and_fills_them(
         store: Store) -> None:
     """Concurrency 300: each claim takes at most 128 (not half, 150), and the worker claims
     again at once until every slot is busy: 300 gated runs at once."""
-    recorded = _RecordedClaims(store)
-    held = [await submit(store, "wt:gated/run.fn", f"m{i}") for i in range(310)]
-    worker = make_worker(cast(Store, recorded), SETTINGS.model_copy(update={"concurrency": 300}))
-    async with running(worker):
-        await until(lambda: _true(len(worker.runs) == 300), what="300 runs")
-        assert all(limit <= 128 for limit, _ in recorded.claims), recorded.claims
-        assert max(took for _, took in recorded.claims) == 128, recorded.claims
-        for i in range(310):
-            gate(f"m{i}:1").set()
-        for ex in held:
-            await wait_status(store, ex.id, Status.COMPLETED)
-    assert all(limit <= 128 for limit, _ in recorded.claims), recorded.claims
+    claims = await _claims_filling(store, 300, 310)
+    assert all(limit <= 128 for limit, _ in claims), claims
+    assert max(took for _, took in claims) == 128, claims
 
 
 class _HeldCompletions:
