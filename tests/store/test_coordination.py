@@ -4,6 +4,7 @@ wake-up notifications for workers. Runs unchanged against every backend."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -11,9 +12,10 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -108,23 +110,30 @@ def test_lock_keys_are_the_same_in_every_release() -> None:
     assert lock_key("reconciler") == 7444466721469719602
 
 
-async def _wakes_up(store: Store, make_work: Callable[[int], Awaitable[None]]) -> bool:
+@contextlib.asynccontextmanager
+async def _next_wakeup(store: Store) -> AsyncIterator[asyncio.Future[Any]]:
     """Listen on a fresh subscription, take its first yield (it comes as soon as it listens,
-    before any notification), then do work until a wake-up arrives."""
+    before any notification), and give the future of the next one."""
     notifications = store.pending_notifications()
     await asyncio.wait_for(anext(notifications), 10)  # listening now (it yields None)
     waiting = asyncio.ensure_future(anext(notifications))
     try:
+        yield waiting
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await notifications.aclose()  # type: ignore[attr-defined]
+
+
+async def _wakes_up(store: Store, make_work: Callable[[int], Awaitable[None]]) -> bool:
+    """Do work until a wake-up arrives."""
+    async with _next_wakeup(store) as waiting:
         for i in range(100):
             await make_work(i)
             done, _ = await asyncio.wait({waiting}, timeout=0.1)
             if done:
                 return waiting.result() is None
         return False
-    finally:
-        waiting.cancel()
-        await asyncio.gather(waiting, return_exceptions=True)
-        await notifications.aclose()  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
@@ -179,19 +188,12 @@ PG_ONLY = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 
 
 async def _heard_after(store: Store, work: Callable[[], Awaitable[None]]) -> bool:
-    """Listen, do ``work`` once (its transactions commit before it returns), and say
-    whether a wake-up came within half a second."""
-    notifications = store.pending_notifications()
-    await asyncio.wait_for(anext(notifications), 10)  # listening now (it yields None)
-    waiting = asyncio.ensure_future(anext(notifications))
-    try:
+    """Do ``work`` once (its transactions commit before it returns), and say whether a
+    wake-up came within half a second."""
+    async with _next_wakeup(store) as waiting:
         await work()
         done, _ = await asyncio.wait({waiting}, timeout=0.5)
         return bool(done) and waiting.result() is None
-    finally:
-        waiting.cancel()
-        await asyncio.gather(waiting, return_exceptions=True)
-        await notifications.aclose()  # type: ignore[attr-defined]
 
 
 @PG_ONLY
