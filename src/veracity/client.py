@@ -142,7 +142,9 @@ class Submission:
     paused: bool = False
 
     def body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"ffqn": self.ffqn, "params": list(self.params)}
+        # a text is no array of parameters: sent as it is, for the server to refuse
+        params = self.params if isinstance(self.params, str | bytes) else list(self.params)
+        body: dict[str, Any] = {"ffqn": self.ffqn, "params": params}
         if self.idempotency_key is not None:
             body["idempotency_key"] = self.idempotency_key
         if self.scheduled_at is not None:
@@ -150,6 +152,20 @@ class Submission:
         if self.paused:
             body["paused"] = True
         return body
+
+
+def batch_item(submission: Submission | Mapping[str, Any] | Any) -> Any:
+    """One item of a batch's body: a :class:`Submission`'s, or a mapping of its fields
+    (``scheduled_at`` a datetime or ISO 8601 text); anything else as it is, for the
+    server to refuse by its index."""
+    if isinstance(submission, Submission):
+        return submission.body()
+    if not isinstance(submission, Mapping):
+        return submission
+    body = dict(submission)
+    if isinstance(body.get("scheduled_at"), datetime):
+        body["scheduled_at"] = body["scheduled_at"].isoformat()
+    return body
 
 
 def _time(value: Any) -> datetime | None:
@@ -322,7 +338,7 @@ class Client:
                     ) -> list[ClientExecution]:
         """Up to 1,000 submissions in one request and one transaction, answered in order
         (each with its own idempotency key's semantics); a bad one refuses them all."""
-        body = [s.body() if isinstance(s, Submission) else dict(s) for s in submissions]
+        body = [batch_item(s) for s in submissions]
         answer = self._call("POST", "/v1/executions/batch", json={"items": body},
                           raw=True)
         return _batch_answer(answer)
@@ -497,7 +513,7 @@ class AsyncClient:
 
     async def submit_many(self, submissions: Sequence[Submission | Mapping[str, Any]]
                           ) -> list[ClientExecution]:
-        body = [s.body() if isinstance(s, Submission) else dict(s) for s in submissions]
+        body = [batch_item(s) for s in submissions]
         answer = await self._call("POST", "/v1/executions/batch", json={"items": body},
                           raw=True)
         return _batch_answer(answer)

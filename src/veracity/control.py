@@ -476,9 +476,36 @@ class ExecutionService:
                                   f"one has {len(items):,}")
         return await self.submit_prepared(self.prepare_many(items))
 
+    @staticmethod
+    def check_repeated_keys(news: Sequence[NewExecution]) -> None:
+        """A key given twice among ``news`` for two different requests: 409
+        ``idempotency_conflict`` (``items`` naming each later one and the index it
+        repeats, ``first_index``), before anything is written. The same key for the same
+        request is no conflict: the later item answers the first one's execution."""
+        first: dict[str, int] = {}
+        bad: list[dict[str, object]] = []
+        for index, new in enumerate(news):
+            key = new.idempotency_key
+            if key is None:
+                continue
+            earlier = first.setdefault(key, index)
+            if earlier != index and news[earlier].request_digest != new.request_digest:
+                bad.append({"index": index, "code": "idempotency_conflict",
+                            "message": f"idempotency key {key!r} is item {earlier}'s, "
+                                       "given here for a different request",
+                            "first_index": earlier})
+        if bad:
+            raise Conflict(
+                f"idempotency keys given twice for different requests, at item(s) "
+                f"{', '.join(str(b['index']) for b in bad)}; nothing was submitted",
+                code="idempotency_conflict", items=bad)
+
     async def submit_prepared(self, news: Sequence[NewExecution]
                               ) -> list[tuple[Execution, bool]]:
-        """Insert submissions :meth:`prepare_many` checked, in one transaction."""
+        """Insert submissions :meth:`prepare_many` checked, in one transaction (a key
+        repeated among them for a different request is refused first:
+        :meth:`check_repeated_keys`)."""
+        self.check_repeated_keys(news)
         try:
             submitted = await self.store.execution_submit_many(news)
         except BatchConflict as exc:

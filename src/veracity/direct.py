@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from veracity.api.schemas import ExecutionOut
+from veracity.api.schemas import ExecutionOut, submit_items
 from veracity.app import App
 from veracity.client import (
     _BY_STATUS,
@@ -37,11 +37,13 @@ from veracity.client import (
     DatabaseUnavailable,
     ExecutionFailed,
     InvalidRequest,
+    PayloadTooLarge,
     Submission,
     WaitTimeout,
+    batch_item,
 )
 from veracity.config import load_settings
-from veracity.control import ExecutionService, SubmitItem
+from veracity.control import MAX_BATCH, ExecutionService, SubmitItem
 from veracity.errors import ConfigError, VeracityError
 from veracity.grouping import unavailable
 from veracity.models import Execution
@@ -66,19 +68,6 @@ def _client_execution(execution: Execution, waiting_reason: str | None = None
         idempotency_key=execution.idempotency_key, scheduled_at=execution.scheduled_at,
         created_at=execution.created_at, updated_at=execution.updated_at,
         waiting_reason=waiting_reason, retry_of=data["retry_of"], raw=data)
-
-
-def _item(submission: Submission | Mapping[str, Any]) -> SubmitItem:
-    """A :class:`Submission`, or a mapping as the batch endpoint's items (``scheduled_at``
-    a datetime or ISO 8601 text)."""
-    if isinstance(submission, Submission):
-        return SubmitItem(submission.ffqn, submission.params, submission.idempotency_key,
-                          submission.scheduled_at, submission.paused)
-    at = submission.get("scheduled_at")
-    return SubmitItem(submission["ffqn"], submission.get("params", ()),
-                      submission.get("idempotency_key"),
-                      datetime.fromisoformat(at) if isinstance(at, str) else at,
-                      bool(submission.get("paused", False)))
 
 
 class AsyncDatabaseClient:
@@ -175,13 +164,22 @@ class AsyncDatabaseClient:
     async def submit_many(self, submissions: Sequence[Submission | Mapping[str, Any]]
                           ) -> list[ClientExecution]:
         """As :meth:`veracity.AsyncClient.submit_many`: up to 1,000 in one transaction,
-        answered in order; nothing is written if any is refused."""
-        try:
-            items = [_item(s) for s in submissions]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise InvalidRequest(422, "invalid_input", f"not a submission: {exc!r}") from None
-        done = await self._do(self._service.submit_many(items))
+        answered in order; nothing is written if any is refused. Each item is checked as
+        the batch endpoint checks it (a bad one: ``invalid_batch``, naming its index)."""
+        if len(submissions) > MAX_BATCH:
+            raise PayloadTooLarge(413, "payload_too_large",
+                                  f"a batch takes at most {MAX_BATCH:,} submissions; this "
+                                  f"one has {len(submissions):,}")
+        items, refused = submit_items([batch_item(s) for s in submissions])
+        service = self._service
+        done = await self._do(self._submit_checked(service, items, refused))
         return [_client_execution(execution) for execution, _ in done]
+
+    @staticmethod
+    async def _submit_checked(service: ExecutionService, items: list[SubmitItem],
+                              refused: dict[int, VeracityError]
+                              ) -> list[tuple[Execution, bool]]:
+        return await service.submit_prepared(service.prepare_many(items, refused))
 
     async def get(self, execution_id: str) -> ClientExecution:
         service = self._service

@@ -138,8 +138,15 @@ async def test_a_key_reused_for_another_request_refuses_the_batch_whole(
     response = await http.post("/v1/executions/batch", json={"items": [
         item(POSITIONAL, "x", 1, idempotency_key="z"),
         item(POSITIONAL, "y", 1, idempotency_key="z")]})
-    assert [i["index"] for i in error_of(response, 409, "idempotency_conflict")["items"]] == [1]
+    # found before anything is written: the item names the one whose key it repeats
+    # (no execution: none was made)
+    assert error_of(response, 409, "idempotency_conflict")["items"] == [{
+        "index": 1, "code": "idempotency_conflict", "first_index": 0,
+        "message": "idempotency key 'z' is item 0's, given here for a different request"}]
     assert await count_executions(store) == 1
+    assert (await http.post("/v1/executions", json=item(POSITIONAL, "y", 1,
+                                                         idempotency_key="z"))
+            ).status_code == 201  # the key is still free
 
 
 # -- bad input: nothing written ------------------------------------------------------------
@@ -163,7 +170,7 @@ async def test_valid_and_invalid_items_mixed_are_refused_naming_each_bad_index(
     response = await http.post("/v1/executions/batch", json={"items": items})
     error = error_of(response, 422, "invalid_batch")
     bad = {i["index"]: i["code"] for i in error["items"]}
-    assert bad == {1: "unknown_workflow", 2: "invalid_params", 3: "invalid_input",
+    assert bad == {1: "unknown_workflow", 2: "invalid_params", 3: "invalid_params",
                    4: "invalid_input", 6: "invalid_input", 7: "invalid_input",
                    8: "invalid_input", 9: "invalid_ffqn"}
     assert "1, 2, 3, 4, 6, 7, 8, 9" in error["message"]

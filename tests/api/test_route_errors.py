@@ -236,6 +236,21 @@ async def test_every_listed_error_is_answered_and_every_answer_listed(
                                            ffqns=[ORDERS], concurrency=1))
     await call("POST", ADOPT, "/v1/deployments/d-old/adopt")
 
+    # a body nested deeper than the JSON parser goes, on every route that reads one
+    deep = b'{"x": ' + b"[" * 1000 + b"]" * 1000 + b"}"  # under MAX_PAYLOAD
+    auth = {"authorization": f"Bearer {CALLBACK}"}
+    for method, route, where, headers in [
+            ("POST", r, r, {}), ("POST", b, b, {}), ("PUT", c, c, {}),
+            ("PUT", f"{E}/pause", p, {}), ("POST", m, url, {}),
+            ("POST", f"{E}/complete", f"/v1/executions/{engine}/complete", auth),
+            ("POST", f"{E}/fail", f"/v1/executions/{engine}/fail", auth),
+            ("PUT", rs, f"/v1/executions/{engine}/resolve", {}),
+            ("POST", ADOPT, "/v1/deployments/d-old/adopt", {})]:
+        response = await call(method, route, where, content=deep, headers={
+            **headers, "content-type": "application/json"})
+        assert (response.status_code, response.json()["error"]["code"]) == (
+            422, "invalid_json"), (method, where, response.text)
+
     assert not seen.unlisted, "answered but not listed:\n" + "\n".join(seen.unlisted)
     never = [f"{method} {route}: {status} {code}"
              for (method, route), errors in ROUTE_ERRORS.items()

@@ -209,24 +209,54 @@ async def test_submit_from_file_refused_in_a_later_thousand_keeps_the_ones_befor
     database_url: str, tmp_path: Path, store: Store
 ) -> None:
     """A conflict found only when a later thousand is written (an idempotency key already
-    used with other params) refuses that thousand and those after it; the thousands before
-    it stay submitted and the message says so. With a key on every line, running the file
-    again once mended submits the rest and answers the others their executions."""
+    stored with other params) refuses that thousand and those after it; the thousands
+    before it stay submitted and the message says so. With a key on every line, running
+    the file again once mended submits the rest and answers the others their executions."""
     env = base_env(database_url)
+    stored = _write(tmp_path / "stored.jsonl",
+                    [{"ffqn": ORDERS, "params": ["other", 0], "idempotency_key": "k1500"}])
+    assert run(["submit", "--from-file", str(stored)], env, tmp_path).returncode == 0
     lines: list[object] = [{"ffqn": ORDERS, "params": [f"o-{i}", i], "idempotency_key": f"k{i}"}
                            for i in range(2100)]
-    lines[1500] = {"ffqn": ORDERS, "params": ["other", 0], "idempotency_key": "k5"}
     jobs = _write(tmp_path / "conflict.jsonl", lines)
     result = run(["submit", "--from-file", str(jobs)], env, tmp_path)
     assert result.returncode == 1, result
     assert result.stderr.splitlines()[0] == (
         "error: 1 idempotency key(s) used before for a different request; nothing from "
         "line 1001 on was submitted; the 1,000 line(s) before it were"), result.stderr
-    assert f"{jobs}:1501: idempotency key 'k5' names execution " in result.stderr
+    assert f"{jobs}:1501: idempotency key 'k1500' names execution " in result.stderr
     assert len(result.stderr.splitlines()) == 2, result.stderr
-    assert await _count(store) == 1000
-    lines[1500] = {"ffqn": ORDERS, "params": ["o-1500", 1500], "idempotency_key": "k1500"}
+    assert await _count(store) == 1001
+    lines[1500] = {"ffqn": ORDERS, "params": ["o-1500", 1500], "idempotency_key": "k1500b"}
     body = ok_json(run(["submit", "--from-file", str(_write(jobs, lines)), "--json"],
                        env, tmp_path))
     assert body["created"] == [False] * 1000 + [True] * 1100
-    assert await _count(store) == 2100
+    assert await _count(store) == 2101
+
+
+async def test_submit_from_file_with_a_key_given_twice_for_different_requests_writes_none(
+    database_url: str, tmp_path: Path, store: Store
+) -> None:
+    """The file itself gives one key to two different requests, a thousand lines apart:
+    found when the whole file is checked, before anything is written; both lines named.
+    The same key for the same request twice is no conflict (the later line answers the
+    first one's execution)."""
+    env = base_env(database_url)
+    lines: list[object] = [{"ffqn": ORDERS, "params": [f"o-{i}", i], "idempotency_key": f"k{i}"}
+                           for i in range(2100)]
+    lines[1500] = {"ffqn": ORDERS, "params": ["other", 0], "idempotency_key": "k5"}
+    jobs = _write(tmp_path / "twice.jsonl", lines)
+    result = run(["submit", "--from-file", str(jobs)], env, tmp_path)
+    assert result.returncode == 1, result
+    assert result.stderr.splitlines() == [
+        f"error: 1 idempotency key(s) given twice in {jobs} for different requests; nothing "
+        "was submitted",
+        f"{jobs}:1501: idempotency key 'k5' is line 6's, given here for a different request",
+    ], result.stderr
+    assert await _count(store) == 0
+    lines[1500] = lines[5]
+    body = ok_json(run(["submit", "--from-file", str(_write(jobs, lines)), "--json"],
+                       env, tmp_path))
+    assert body["created"].count(False) == 1 and body["created"][1500] is False
+    assert body["items"][1500]["id"] == body["items"][5]["id"]
+    assert await _count(store) == 2099

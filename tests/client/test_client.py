@@ -97,6 +97,10 @@ def test_batches_and_typed_errors(live: Server) -> None:
         again = client.submit_many([Submission(ECHO, [1], idempotency_key="a"),
                                     Submission(ECHO, [3], idempotency_key="b")])
         assert again[0].id == first[0].id and again[1].params == [3]
+        # a dict's scheduled_at may be a datetime, as a Submission's is
+        later = datetime(2099, 1, 1, tzinfo=UTC)
+        (dated,) = client.submit_many([{"ffqn": ECHO, "params": [5], "scheduled_at": later}])
+        assert dated.scheduled_at == later and dated.status == "pending"
         assert [client.result(e.id, timeout=20) for e in first] == [1, 2, 1]
         before = len(list(client.list()))
         with pytest.raises(InvalidRequest) as bad:

@@ -20,6 +20,7 @@ from tests.client.conftest import APP, ECHO, FAIL, HOLD
 from tests.test_server import Server, free_port
 from veracity import AsyncClient, AsyncDatabaseClient, ExecutionFailed, Submission, WaitTimeout
 from veracity.client import (
+    ApiError,
     ConflictError,
     DatabaseUnavailable,
     InvalidRequest,
@@ -123,12 +124,24 @@ async def test_batches_and_typed_errors_change_nothing(live: Server, database_ur
         with pytest.raises(PayloadTooLarge) as large:
             await direct.submit_many([Submission(ECHO, [i]) for i in range(1001)])
         assert large.value.status == 413
-        with pytest.raises(InvalidRequest) as not_one:
-            await direct.submit_many([{"params": [1]}])
-        assert not_one.value.code == "invalid_input" and "ffqn" in not_one.value.message
-        with pytest.raises(InvalidRequest) as bad_time:
-            await direct.submit_many([{"ffqn": ECHO, "params": [1], "scheduled_at": "soon"}])
-        assert bad_time.value.code == "invalid_input"
+        # a batch's items are checked as the API checks them: the same error, naming the
+        # same items with the same codes, for each of these
+        for items in ([{"params": [1]}],
+                      [{"ffqn": ECHO, "params": [1], "scheduled_at": "soon"}],
+                      [{"ffqn": ECHO, "params": [1]}, {"ffqn": ECHO, "paused": "false"}],
+                      [{"ffqn": ECHO, "params": [1], "bogus": 1}],
+                      [{"ffqn": ECHO, "params": "1"}, "not an object", 7],
+                      [{"ffqn": ECHO, "params": [1], "scheduled_at": "2099-01-01T00:00:00"}],
+                      [{"ffqn": ECHO, "params": [1], "idempotency_key": "z"},
+                       {"ffqn": ECHO, "params": [2], "idempotency_key": "z"}]):
+            with pytest.raises(ApiError) as by_api:
+                await api.submit_many(items)  # type: ignore[arg-type]
+            with pytest.raises(ApiError) as by_db:
+                await direct.submit_many(items)  # type: ignore[arg-type]
+            assert (type(by_db.value), by_db.value.status, by_db.value.code) == (
+                type(by_api.value), by_api.value.status, by_api.value.code), items
+            assert by_db.value.details.get("items") == by_api.value.details.get("items")
+            assert by_db.value.code in ("invalid_batch", "idempotency_conflict"), items
         with pytest.raises(InvalidRequest) as naive:
             await direct.submit(ECHO, 1, scheduled_at=datetime(2099, 1, 1))
         assert naive.value.code == "invalid_time"

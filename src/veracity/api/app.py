@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, R
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import TypeAdapter, ValidationError, WithJsonSchema
+from pydantic import WithJsonSchema
 from pydantic_core import to_json
 from starlette.routing import BaseRoute
 
@@ -53,9 +53,10 @@ from veracity.api.schemas import (
     Time,
     WorkerOut,
     WorkerPage,
+    submit_items,
 )
 from veracity.config import parse_duration
-from veracity.control import MAX_BATCH, MAX_WAIT, ExecutionService, SubmitItem
+from veracity.control import MAX_BATCH, MAX_WAIT, ExecutionService
 from veracity.core.requests import CallbackReport
 from veracity.core.states import Status
 from veracity.errors import BadRequest, InvalidInput, PayloadTooLarge, VeracityError
@@ -135,17 +136,6 @@ def _statuses(values: list[str] | None) -> tuple[Status, ...]:
                     f"unknown status {part!r} (one of {names})", code="invalid_status"
                 ) from None
     return tuple(out)
-
-
-_SUBMISSIONS = TypeAdapter(list[SubmitRequest])
-
-
-def _validation_text(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "item"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
 
 
 def _wait_schema(schema: dict[str, Any]) -> None:
@@ -266,26 +256,12 @@ def _define_api(app: APIRouter) -> None:
         batch answers the first one's execution). Nothing is written when the batch has
         more than 1,000 items or a body over max_payload_bytes (413), any bad item (422
         invalid_batch, error.items listing each by index with its code and message), or
-        a key used before for a different request (409 idempotency_conflict, the same
-        way)."""
+        a key used before for a different request, or given twice in the batch for
+        different requests (409 idempotency_conflict, the same way)."""
         if len(body.items) > MAX_BATCH:
             raise PayloadTooLarge(f"a batch takes at most {MAX_BATCH:,} submissions; this "
                                   f"one has {len(body.items):,}")
-        items: list[SubmitItem] = []
-        refused: dict[int, VeracityError] = {}
-        try:  # all at once; item by item only to name the bad ones
-            items = [SubmitItem(one.ffqn, one.params, one.idempotency_key, one.scheduled_at,
-                                one.paused) for one in _SUBMISSIONS.validate_python(body.items)]
-        except ValidationError:
-            for index, raw in enumerate(body.items):
-                try:
-                    one = SubmitRequest.model_validate(raw)
-                except ValidationError as exc:
-                    refused[index] = InvalidInput(_validation_text(exc), code="invalid_input")
-                    items.append(SubmitItem(""))
-                    continue
-                items.append(SubmitItem(one.ffqn, one.params, one.idempotency_key,
-                                        one.scheduled_at, one.paused))
+        items, refused = submit_items(body.items)
         done = await service.submit_prepared(service.prepare_many(items, refused))
         created = [flag for _, flag in done]
         # serialized here, once, as BatchOut would be (FastAPI would build and validate a

@@ -66,7 +66,7 @@ ROUTE_ERRORS: Mapping[tuple[str, str], Mapping[int, tuple[str, ...]]] = {
               "invalid_params", "invalid_time", "invalid_json", "invalid_idempotency_key")},
     ("POST", "/v1/executions/batch"): {
         **BODY, 409: ("idempotency_conflict",),
-        422: ("malformed_json", "invalid_input", "invalid_batch")},
+        422: ("malformed_json", "invalid_input", "invalid_json", "invalid_batch")},
     ("GET", "/v1/executions"): {
         400: ("invalid_cursor",), 422: ("invalid_input", "invalid_status", "invalid_time")},
     ("GET", EXECUTION): {**_ID, 422: ("invalid_wait",)},
@@ -74,11 +74,11 @@ ROUTE_ERRORS: Mapping[tuple[str, str], Mapping[int, tuple[str, ...]]] = {
         400: ("invalid_id", "invalid_cursor"), 404: ("not_found",), 422: ("invalid_input",)},
     ("PUT", f"{EXECUTION}/cancel"): {**_ID, 409: ("not_cancellable",)},
     ("PUT", "/v1/executions/cancel"): {
-        **BODY, 422: ("malformed_json", "invalid_input", "invalid_id")},
+        **BODY, 422: ("malformed_json", "invalid_input", "invalid_json", "invalid_id")},
     ("PUT", f"{EXECUTION}/retry"): {**_ID, 409: ("wrong_state",)},
     ("PUT", f"{EXECUTION}/pause"): {
         **_ID, **BODY, 409: ("wrong_state", "not_pausable"),
-        422: ("malformed_json", "invalid_input", "invalid_reason")},
+        422: ("malformed_json", "invalid_input", "invalid_json", "invalid_reason")},
     ("PUT", f"{EXECUTION}/unpause"): {**_ID, 409: ("wrong_state",)},
     ("POST", f"{EXECUTION}/messages"): {
         **_ID, **BODY, 409: ("wrong_state",),
@@ -91,15 +91,15 @@ ROUTE_ERRORS: Mapping[tuple[str, str], Mapping[int, tuple[str, ...]]] = {
         422: ("malformed_json", "invalid_input", "invalid_json")},
     ("PUT", f"{EXECUTION}/resolve"): {
         **_ID, **BODY, 409: ("wrong_state", "engine_not_confirmed"),
-        422: ("malformed_json", "invalid_input", "invalid_action", "invalid_force",
-              "invalid_reason")},
+        422: ("malformed_json", "invalid_input", "invalid_json", "invalid_action",
+              "invalid_force", "invalid_reason")},
     ("GET", "/v1/workers"): {422: ("invalid_input",)},
     ("GET", "/v1/crons"): {},
     ("GET", "/v1/deployments"): {},
     ("POST", "/v1/deployments/{deployment_id}/adopt"): {
         **BODY, 404: ("not_found",), 409: ("deployment_live", "unknown_target"),
-        422: ("malformed_json", "invalid_input", "same_deployment", "invalid_ffqn_prefix",
-              "invalid_deployment_id")},
+        422: ("malformed_json", "invalid_input", "invalid_json", "same_deployment",
+              "invalid_ffqn_prefix", "invalid_deployment_id")},
 }
 """(method, path) -> the errors the route answers by itself: status -> codes."""
 

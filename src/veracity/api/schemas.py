@@ -16,13 +16,16 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    TypeAdapter,
+    ValidationError,
     WithJsonSchema,
 )
 from pydantic_core import to_json
 
-from veracity.control import AdoptOutcome, CronView, DeploymentView, WorkerView
+from veracity.control import AdoptOutcome, CronView, DeploymentView, SubmitItem, WorkerView
 from veracity.core.ffqn import FFQN_PATTERN, FFQN_PREFIX_PATTERN, MAX_FFQN_LENGTH
 from veracity.core.states import Status
+from veracity.errors import InvalidInput, VeracityError
 from veracity.models import Execution, HistoryEvent
 
 LIST_VALUE_BYTES = 1024
@@ -72,7 +75,11 @@ class SubmitRequest(BaseModel):
         description="Workflow name: namespace:package/interface.function (422 invalid_ffqn "
         "otherwise; unknown_workflow for a name the server's app does not register)",
         json_schema_extra={"pattern": FFQN_PATTERN, "maxLength": MAX_FFQN_LENGTH})
-    params: list[Any] = Field(default_factory=list, description="Positional parameters")
+    # any JSON here: the service refuses what is not an array as invalid_params, as it
+    # refuses params that do not fit the workflow's signature
+    params: Any = Field(default_factory=list, description="Positional parameters (not an "
+                        "array: 422 invalid_params)",
+                        json_schema_extra={"type": "array", "items": {}})
     idempotency_key: str | None = Field(
         default=None,
         min_length=1,
@@ -89,9 +96,48 @@ class SubmitRequest(BaseModel):
 class BatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # each item is checked by submit_items (a bad one is named by its index, not refused
+    # with the body); the document still says what an item is
     items: list[Any] = Field(
-        description="Up to 1,000 submissions, each as the body of POST /v1/executions "
-                    "({ffqn, params?, idempotency_key?, scheduled_at?, paused?})")
+        description="Up to 1,000 submissions (more: 413 payload_too_large), each as the "
+                    "body of POST /v1/executions ({ffqn, params?, idempotency_key?, "
+                    "scheduled_at?, paused?})",
+        json_schema_extra={"maxItems": 1000,
+                           "items": {"$ref": "#/components/schemas/SubmitRequest"}})
+
+
+_SUBMISSIONS = TypeAdapter(list[SubmitRequest])
+
+
+def validation_text(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "item"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def submit_items(raw: Sequence[Any]) -> tuple[list[SubmitItem], dict[int, VeracityError]]:
+    """A batch's items, each checked as the body of POST /v1/executions: the submissions,
+    and those that do not fit (by index: why, ``invalid_input``) for
+    :meth:`ExecutionService.prepare_many` to list with the rest of what is wrong."""
+    try:  # all at once; item by item only to name the bad ones
+        return [SubmitItem(one.ffqn, one.params, one.idempotency_key, one.scheduled_at,
+                           one.paused) for one in _SUBMISSIONS.validate_python(raw)], {}
+    except ValidationError:
+        pass
+    items: list[SubmitItem] = []
+    refused: dict[int, VeracityError] = {}
+    for index, item in enumerate(raw):
+        try:
+            one = SubmitRequest.model_validate(item)
+        except ValidationError as exc:
+            refused[index] = InvalidInput(validation_text(exc), code="invalid_input")
+            items.append(SubmitItem(""))
+            continue
+        items.append(SubmitItem(one.ffqn, one.params, one.idempotency_key, one.scheduled_at,
+                                one.paused))
+    return items, refused
 
 
 class CancelManyRequest(BaseModel):

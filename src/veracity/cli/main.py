@@ -570,6 +570,17 @@ async def _submit_file(rt: Runtime, path: str, items: list[SubmitItem],
         more = f"\n... and {len(bad) - 20} more" if len(bad) > 20 else ""
         raise Failure(f"{len(bad)} bad line(s) in {path}; nothing was submitted\n"
                       + "\n".join(lines) + more) from None
+    try:  # the whole file: a key given twice for different requests, whichever thousand
+        rt.service.check_repeated_keys(news)
+    except Conflict as exc:
+        bad = exc.details["items"]
+        lines = [f"{path}:{numbers[b['index']]}: idempotency key "
+                 f"{news[b['index']].idempotency_key!r} is line "
+                 f"{numbers[b['first_index']]}'s, given here for a different request"
+                 for b in bad[:20]]
+        more = f"\n... and {len(bad) - 20} more" if len(bad) > 20 else ""
+        raise Failure(f"{len(bad)} idempotency key(s) given twice in {path} for different "
+                      "requests; nothing was submitted\n" + "\n".join(lines) + more) from None
     done: list[tuple[Execution, bool]] = []
     for start in range(0, len(news), MAX_BATCH):
         try:
