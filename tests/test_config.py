@@ -297,6 +297,11 @@ def test_retention_settings(tmp_path: Path) -> None:
                            "a duration cannot be negative")
     assert config_error(env={"VERACITY_RETENTION_TERMINAL": "a month"}).startswith(
         "VERACITY_RETENTION_TERMINAL: invalid duration 'a month'")
+    # a cutoff further back than any date: refused at start, not by every pass
+    assert config_error(env={"VERACITY_RETENTION_TERMINAL": "1000000d"}) == (
+        "VERACITY_RETENTION_TERMINAL: at most 36500d (100 years)")
+    assert load_settings(env={"VERACITY_RETENTION_TERMINAL": "36500d"}
+                         ).retention.terminal == 36500 * 86400.0
     path = write(tmp_path / "bad.toml", 'host = "h"\n[retention]\nterminal = "soon"\n')
     assert config_error(path, env={}).startswith(
         f"{path}:3: retention.terminal: invalid duration 'soon'")

@@ -236,13 +236,25 @@ class ReconcilerSettings(_Model):
     stop_flag_after: Duration = Field(default=600.0, ge=1, le=30 * 86400)
 
 
+MAX_RETENTION = 36_500 * 86400.0
+"""``retention.terminal`` and ``veracity prune --older-than`` at most: 100 years."""
+
+
 class RetentionSettings(_Model):
     """Retention: ended executions deleted with their history (docs/operations.md)."""
 
-    # terminal executions that ended this long ago are deleted; 0 keeps everything
+    # terminal executions that ended this long ago are deleted; 0 keeps everything; at
+    # most MAX_RETENTION (a cutoff further back than that is no date)
     terminal: Duration = Field(default=30 * 86400.0, ge=0)
     # how often every server runs retention (one of them at a time)
     interval: Duration = Field(default=600.0, ge=1, le=86400)
+
+    @field_validator("terminal")
+    @classmethod
+    def _within_dates(cls, value: float) -> float:
+        if value > MAX_RETENTION:
+            raise _invalid("retention_too_long", "at most 36500d (100 years)")
+        return value
 
     @property
     def enabled(self) -> bool:

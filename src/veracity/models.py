@@ -316,14 +316,19 @@ class PruneBatch:
     (docs/operations.md, Retention)."""
 
     roots: int
-    """top-level executions read (each with its family)"""
+    """top-level executions whose families this batch dealt with (deleted or kept)"""
     cursor: tuple[datetime, uuid.UUID] | None
-    """where the next batch starts (the last root read); None when none was read"""
+    """where the next batch starts (the last root dealt with); None when none was read"""
     executions: int = 0
     history: int = 0
     messages: int = 0
     kept: dict[str, int] = field(default_factory=dict)
     """families kept, by reason (veracity.core.retention.KeepReason)"""
+    more: bool = False
+    """more may be left after the cursor: the pass goes on"""
+    partial: bool = False
+    """a part of one family too large for a batch went (its deepest members); the
+    cursor stays where it was, on that family's root"""
 
 
 @dataclass(frozen=True, slots=True)

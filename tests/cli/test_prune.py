@@ -71,6 +71,10 @@ def test_prune_counts_deletes_and_refuses_bad_input(database_url: str, tmp_path:
         "bad-config-text": (["prune"], {**env, "VERACITY_RETENTION_TERMINAL": "a month"},
                             tmp_path),
         "retention-off": (["prune"], {**env, "VERACITY_RETENTION_TERMINAL": "0"}, tmp_path),
+        # a cutoff further back than any date
+        "huge": (["prune", "--older-than", "99999999d"], env, tmp_path),
+        "huge-config": (["prune"], {**env, "VERACITY_RETENTION_TERMINAL": "1000000d"},
+                        tmp_path),
         "dry-run": (["prune", "--older-than", "7d", "--dry-run", "--json"], env, tmp_path),
     })
     # a dry run takes retention's lock too (one pass at a time): the second one after it
@@ -82,9 +86,15 @@ def test_prune_counts_deletes_and_refuses_bad_input(database_url: str, tmp_path:
     assert_failure(bad["bad-config"], "VERACITY_RETENTION_TERMINAL", "cannot be negative")
     assert_failure(bad["bad-config-text"], "VERACITY_RETENTION_TERMINAL", "invalid duration")
     assert_failure(bad["retention-off"], "retention is off", "--older-than")
+    assert_usage_error(bad["huge"], "--older-than", "at most 36500d")
+    assert_failure(bad["huge-config"], "VERACITY_RETENTION_TERMINAL", "at most 36500d")
+    # what deleting would delete: the two executions and their six events
     counted = ok_json(bad["dry-run"])
-    assert (counted["dry_run"], counted["executions"], counted["history"]) == (True, 2, 0)
-    assert ok(bad["dry-run-text"]).startswith("would delete 2 executions that ended before ")
+    assert (counted["dry_run"], counted["executions"], counted["history"],
+            counted["messages"]) == (True, 2, 6, 0)
+    dry_text = ok(bad["dry-run-text"])
+    assert dry_text.startswith("would delete 2 executions that ended before "), dry_text
+    assert "(6 history events, 0 messages)" in dry_text
     # nothing of all that deleted anything
     assert run_async(present(database_url, everything)) == [True] * 4
 

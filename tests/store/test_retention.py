@@ -11,6 +11,7 @@ import pytest
 
 from tests.store._support import RawSQL, claim_exactly, get, new_child, submit_unique
 from tests.store.test_engine_ops import finish, running
+from tests.store.test_external import attached, operator_ends
 from veracity.clock import ManualClock
 from veracity.core.states import Status
 from veracity.models import Claim, CronDefinition, CronFire, Execution, NewExecution, PruneBatch
@@ -34,10 +35,12 @@ async def prune_all(store: Store, cutoff: datetime, *, limit: int = 500,
     while True:
         b = await store.execution_prune(cutoff=cutoff, limit=limit, after=after,
                                         dry_run=dry_run)
-        if b.cursor is None:
+        if b.cursor is None and not b.partial:  # no root read
             return batches
         batches.append(b)
-        after = b.cursor
+        after = b.cursor if b.cursor is not None else after
+        if not b.more:
+            return batches
 
 
 async def gone(store: Store, *ids: uuid.UUID) -> bool:
@@ -99,11 +102,19 @@ async def test_ended_executions_go_with_their_history_and_messages_the_rest_stay
 async def test_a_dry_run_counts_and_deletes_nothing(store: Store, clock: ManualClock) -> None:
     clock.set(T0)
     olds = [await ended(store) for _ in range(3)]
+    claim = await running(store)  # and one with a message
+    assert (await store.message_send(claim.execution_id, "t", {"m": 1})).changed
+    assert (await store.execution_complete_if_owned(claim, 1)).applied
+    olds.append(await get(store, claim.execution_id))
+    events = [len(await store.history_list(e.id)) for e in olds]
     clock.set(T0 + 10 * DAY)
     batches = await prune_all(store, T0 + DAY, limit=2, dry_run=True)
-    assert [b.executions for b in batches] == [2, 1]
-    assert [(b.history, b.messages) for b in batches] == [(0, 0), (0, 0)]
+    # what deleting them would delete: the executions, their events and messages
+    assert [b.executions for b in batches] == [2, 2]
+    assert sum(b.history for b in batches) == sum(events)
+    assert sum(b.messages for b in batches) == 1
     assert await present(store, *(e.id for e in olds))
+    assert [len(await store.history_list(e.id)) for e in olds] == events
 
 
 async def test_batches_are_read_oldest_end_first_after_the_cursor(
@@ -167,6 +178,64 @@ async def test_an_ended_parent_with_an_unfinished_child_stays(
     assert sum(b.executions for b in batches) == 0
     assert [b.kept for b in batches] == [{"unfinished": 1}]
     assert await present(store, parent.execution_id, kid.id)
+
+
+async def test_a_flagged_execution_stays_until_its_flag_is_cleared(
+    store: Store, clock: ManualClock
+) -> None:
+    """Ended by an operator without the engine's confirmation (``forced``): it stays on
+    the flagged list, terminal, so that the run is checked in the engine
+    (docs/external.md); retention never deletes it."""
+    clock.set(T0)
+    forced = await attached(store, "run-f")
+    assert (await operator_ends(store, forced)).changed
+    assert (await get(store, forced)).status.is_terminal
+    plain = await ended(store)
+    clock.set(T0 + 10 * DAY)
+    batches = await prune_all(store, T0 + 5 * DAY)
+    assert sum(b.executions for b in batches) == 1
+    assert [b.kept for b in batches] == [{"flagged": 1}]
+    assert await gone(store, plain.id) and await present(store, forced)
+    assert await store.execution_flag_counts() == {"forced": 1}
+
+
+async def family_of(store: Store, kids: int) -> tuple[uuid.UUID, list[uuid.UUID]]:
+    """An ended top-level execution with ``kids`` ended children."""
+    parent = await running(store)
+    children = [new_child(parent.execution_id) for _ in range(kids)]
+    assert (await store.execution_spawn_if_owned(parent, children, [])).applied
+    for kid in children:
+        await finish(store, kid.id)
+    assert (await store.execution_complete_if_owned(parent, "p")).applied
+    return parent.execution_id, [k.id for k in children]
+
+
+async def test_a_batch_deletes_at_most_its_limit_a_large_family_in_parts_root_last(
+    store: Store, clock: ManualClock
+) -> None:
+    """A batch holds at most ``limit`` executions, whole families as long as they fit; a
+    family larger than that goes a part at a time, its children first, its root with its
+    last part (the cursor stays on it meanwhile)."""
+    clock.set(T0)
+    root, kids = await family_of(store, 7)  # 8 executions
+    clock.set(T0 + timedelta(hours=1))
+    others = [(await ended(store)).id for _ in range(2)]
+    clock.set(T0 + 10 * DAY)
+    # counted whole in a dry run, which holds nothing
+    dry = await prune_all(store, T0 + 5 * DAY, limit=3, dry_run=True)
+    assert [b.executions for b in dry] == [8, 2] and [b.partial for b in dry] == [False] * 2
+    after: tuple[datetime, uuid.UUID] | None = None
+    seen: list[tuple[int, bool, bool]] = []
+    while True:
+        b = await store.execution_prune(cutoff=T0 + 5 * DAY, limit=3, after=after)
+        seen.append((b.executions, b.partial, await present(store, root)))
+        after = b.cursor if b.cursor is not None else after
+        if not b.more:
+            break
+    # 3 children, 3 more (the root still there), then the root and its last child with
+    # the next root, then the last root
+    assert seen == [(3, True, True), (3, True, True), (3, False, False), (1, False, False)]
+    assert await gone(store, root, *kids, *others)
 
 
 def retry_new(old: Execution) -> NewExecution:

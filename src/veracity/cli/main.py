@@ -27,7 +27,7 @@ from veracity.cli.output import (
     print_table,
     short,
 )
-from veracity.config import Settings, load_settings, parse_duration
+from veracity.config import MAX_RETENTION, Settings, load_settings, parse_duration
 from veracity.core.states import Status
 from veracity.errors import ConfigError, Conflict, InvalidInput, VeracityError
 from veracity.models import ApiToken, Execution, ExecutionFilter, HistoryEvent, Message
@@ -465,6 +465,9 @@ def prune(config_path: str | None, database_url: str | None, app: str | None,
         if seconds <= 0:
             raise click.BadParameter(
                 f"{older_than!r}: must be above 0 (e.g. 7d)", param_hint="--older-than")
+        if seconds > MAX_RETENTION:
+            raise click.BadParameter(
+                f"{older_than!r}: at most 36500d (100 years)", param_hint="--older-than")
     show_bar = sys.stderr.isatty() and not as_json
     from veracity.maintenance.retention import RetentionResult, RetentionService
 
@@ -495,9 +498,8 @@ def prune(config_path: str | None, database_url: str | None, app: str | None,
         return
     verb = "would delete" if dry_run else "deleted"
     line = (f"{verb} {result.executions} execution{'' if result.executions == 1 else 's'}"
-            f" that ended before {fmt_time(result.cutoff)}")
-    if not dry_run:
-        line += f" ({result.history} history events, {result.messages} messages)"
+            f" that ended before {fmt_time(result.cutoff)}"
+            f" ({result.history} history events, {result.messages} messages)")
     click.echo(line)
     if result.kept:
         click.echo("kept: " + ", ".join(f"{n} {reason}" for reason, n in

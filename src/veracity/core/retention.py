@@ -11,12 +11,19 @@ messages. A family goes only when all of this holds:
 - every member ended (its ``updated_at`` as a terminal row) before the cutoff;
 - no member is the latest slot of a ``[[cron]]`` entry: cron reads that slot to know which
   slots already fired (docs/cron.md), so it stays until a newer slot replaces it;
+- no member is flagged for an operator (docs/external.md, "The flagged list"): a flagged
+  execution stays listed until its flag is cleared (``forced``, never);
 - no member is the ``retry_of`` of an execution that stays: a retry replays the recorded
   calls of the execution it retries, so that one goes in the same batch as its retry or
   after it. A retry that is itself deleted does not hold its original back.
 
 The last rule is decided over the whole batch at once: a family held only by retries in
-families deleted in the same batch goes too. This module does no I/O.
+families deleted in the same batch goes too.
+
+A batch deletes at most a given number of executions: the families of its roots, in
+order, as long as they fit (:func:`within`). A family larger than that alone goes a part
+at a time, from its deepest members up (:func:`leaves_first`), its root last, each part
+decided again when it is read again. This module does no I/O.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from enum import StrEnum
 
 from veracity.core.states import Status
 
-__all__ = ["Family", "KeepReason", "Member", "PruneDecision", "decide_prune", "families_from"]
+__all__ = ["Family", "KeepReason", "Member", "PruneDecision", "decide_prune", "families_from",
+           "leaves_first", "within"]
 
 
 class KeepReason(StrEnum):
@@ -40,6 +48,8 @@ class KeepReason(StrEnum):
     """a member ended at or after the cutoff"""
     CRON_LATEST = "cron_latest"
     """a member is the latest slot of a cron entry"""
+    FLAGGED = "flagged"
+    """a member is on the flagged list"""
     RETRIED = "retried"
     """a member is the ``retry_of`` of an execution that stays"""
 
@@ -56,6 +66,11 @@ class Member:
     """executions whose ``retry_of`` is this one"""
     cron_latest: bool = False
     """the latest slot of a cron entry started it"""
+    flagged: bool = False
+    """on the flagged list (its ``flagged_at`` set)"""
+    parent_id: uuid.UUID | None = None
+    depth: int = 0
+    """0 for the family's root, 1 for its children, ..."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +104,8 @@ def _local_reason(family: Family) -> KeepReason | None:
         return KeepReason.RECENT
     if any(m.cron_latest for m in family.members):
         return KeepReason.CRON_LATEST
+    if any(m.flagged for m in family.members):
+        return KeepReason.FLAGGED
     return None
 
 
@@ -122,3 +139,44 @@ def families_from(rows: Sequence[tuple[uuid.UUID, Member]]) -> list[Family]:
     for root, member in rows:
         grouped.setdefault(root, []).append(member)
     return [Family(root, tuple(members)) for root, members in grouped.items()]
+
+
+def within(families: Sequence[Family], limit: int) -> list[Family]:
+    """The first families, in order, whose members number at most ``limit`` together; at
+    least the first one, however large (:func:`leaves_first` then takes it in parts)."""
+    taken: list[Family] = []
+    count = 0
+    for family in families:
+        if taken and count + len(family.members) > limit:
+            break
+        taken.append(family)
+        count += len(family.members)
+    return taken
+
+
+def leaves_first(family: Family, limit: int) -> Family:
+    """A part of a family to delete before the rest: at most ``limit`` of its members,
+    deepest first, each with everything below it, its root never (it goes last, with what
+    is left). A member that an execution retries is left for the family's last part (the
+    whole decision rules on it then), and so is everything above it."""
+    parent = {m.id: m.parent_id for m in family.members}
+    held: set[uuid.UUID] = set()
+    for m in family.members:
+        if m.retried_by or m.id == family.root:
+            up: uuid.UUID | None = m.id
+            while up is not None and up not in held:
+                held.add(up)
+                up = parent.get(up)
+    order = sorted((m for m in family.members if m.id not in held),
+                   key=lambda m: -m.depth)
+    part = order[:limit]
+    # a member goes only with everything below it: drop one whose child stays
+    going = {m.id for m in part}
+    staying_parents = {parent[m.id] for m in family.members if m.id not in going}
+    while True:
+        drop = {i for i in going if i in staying_parents}
+        if not drop:
+            break
+        going -= drop
+        staying_parents |= {parent[i] for i in drop}
+    return Family(family.root, tuple(m for m in part if m.id in going))

@@ -2,10 +2,12 @@
 
 Terminal executions that ended longer ago than ``retention.terminal`` are deleted with
 their history, messages and cron slots, a family at a time (a top-level execution and
-everything below it), in batches of a few hundred, each its own short transaction that
-locks only the ended rows it deletes: no worker ever waits on them. What may go is
-:func:`veracity.core.retention.decide_prune`'s decision. Every server runs it; one runner
-per tick across all of them (the single-runner lock); a busy lock skips the tick.
+everything below it), in batches of at most a few hundred executions (a family larger
+than that a part at a time, its deepest members first), each its own short transaction
+that locks only the ended rows it deletes: no worker ever waits on them on PostgreSQL.
+What may go is :func:`veracity.core.retention.decide_prune`'s decision. Every server
+runs it; one runner per tick across all of them (the single-runner lock); a busy lock
+skips the tick.
 ``veracity prune`` runs the same on demand.
 """
 
@@ -19,6 +21,7 @@ from datetime import datetime, timedelta
 
 from prometheus_client import CollectorRegistry, Counter
 
+from veracity.config import MAX_RETENTION
 from veracity.models import PruneBatch
 from veracity.store.protocol import MaintenanceStore
 
@@ -51,6 +54,11 @@ class RetentionMetrics:
             self.deleted.labels(kind)
 
 
+BATCH = {"postgresql": 500, "sqlite": 100}
+"""Executions a batch deletes at most, by backend (docs/operations.md, Retention): on
+SQLite every write holds the database's one write lock, so its batches are smaller."""
+
+
 class RetentionService:
     name = "retention"
 
@@ -59,11 +67,15 @@ class RetentionService:
         store: MaintenanceStore,
         *,
         older_than: float,
-        batch: int = 500,
+        batch: int | None = None,
         metrics: RetentionMetrics | None = None,
     ) -> None:
         if older_than <= 0:
             raise ValueError("retention needs a duration above 0 (0 keeps everything)")
+        if older_than > MAX_RETENTION:
+            raise ValueError("retention is at most 36500d (100 years)")
+        if batch is None:
+            batch = BATCH.get(store.backend, 500)
         if batch < 1:
             raise ValueError("batch must be at least 1")
         self.store = store
@@ -105,9 +117,7 @@ class RetentionService:
             while True:
                 batch = await self.store.execution_prune(
                     cutoff=cutoff, limit=self.batch, after=after, dry_run=dry_run)
-                if batch.cursor is None:
-                    break
-                after = batch.cursor
+                after = batch.cursor if batch.cursor is not None else after
                 result.roots += batch.roots
                 result.executions += batch.executions
                 result.history += batch.history
@@ -120,7 +130,7 @@ class RetentionService:
                     self.metrics.deleted.labels("messages").inc(batch.messages)
                 if on_batch is not None:
                     on_batch(batch)
-                if batch.roots < self.batch:
+                if not batch.more:
                     break
             self._count_tick("ran")
             if result.executions or result.kept:

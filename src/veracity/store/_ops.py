@@ -28,7 +28,15 @@ from veracity.core.ffqn import CANCELLABLE_SUFFIX
 from veracity.core.reconcile import FlagKind, OperatorEnd, WriteKind
 from veracity.core.recovery import Expired, decide_recovery
 from veracity.core.requests import CallbackOutcome, CallbackReport, InterruptKind, ResolveAction
-from veracity.core.retention import Member, decide_prune, families_from
+from veracity.core.retention import (
+    Family,
+    Member,
+    PruneDecision,
+    decide_prune,
+    families_from,
+    leaves_first,
+    within,
+)
 from veracity.core.states import TERMINAL, Status, sources_of
 from veracity.core.waiting import parked_reason
 from veracity.models import (
@@ -442,15 +450,17 @@ def _uuid(value: Any) -> uuid.UUID:
 def prune(cutoff: datetime, limit: int, after: tuple[datetime, uuid.UUID] | None,
           dry_run: bool) -> Op:
     """One retention batch (docs/operations.md, Retention): up to ``limit`` top-level
-    executions that ended before ``cutoff`` (after the cursor), each with its family; the
-    families :func:`decide_prune` lets go are deleted with their history, messages and cron
-    slots, once locked and found still ended (a dry run stops before that)."""
+    executions that ended before ``cutoff`` (after the cursor), each with its family, as
+    many families as hold at most ``limit`` executions together; the families
+    :func:`decide_prune` lets go are deleted with their history, messages and cron slots,
+    once locked and found still ended (a dry run counts them and stops there). A family
+    larger than ``limit`` alone goes a part at a time (:func:`leaves_first`): the cursor
+    stays on its root until its last part."""
     roots = yield Query("prune_roots", {
         "cutoff": cutoff, "limit": limit,
         "after_at": after[0] if after else None, "after_id": after[1] if after else None})
     if not roots:
         return PruneBatch(roots=0, cursor=None)
-    cursor = (roots[-1]["updated_at"], _uuid(roots[-1]["id"]))
     rows = yield Query("prune_families", {
         "cutoff": cutoff, "roots": [_uuid(r["id"]) for r in roots]})
     members = []
@@ -462,14 +472,38 @@ def prune(cutoff: datetime, limit: int, after: tuple[datetime, uuid.UUID] | None
             id=_uuid(r["id"]), status=Status(r["status"]),
             ended_before_cutoff=bool(r["ended_before_cutoff"]),
             retried_by=frozenset(_uuid(x) for x in retried or []),
-            cron_latest=bool(r["cron_latest"]))))
-    decision = decide_prune(families_from(members))
+            cron_latest=bool(r["cron_latest"]), flagged=bool(r["flagged"]),
+            parent_id=_uuid(r["parent_id"]) if r["parent_id"] is not None else None,
+            depth=int(r["depth"]))))
+    by_root = {f.root: f for f in families_from(members)}
+    # in the roots' order (a root read but gone since has no family: one of no members)
+    families = [by_root.get(_uuid(r["id"]), Family(_uuid(r["id"]), ()))
+                for r in roots]
+    taken = within(families, limit)
+    decision = decide_prune(taken)
+    last = roots[len(taken) - 1]
+    cursor: tuple[datetime, uuid.UUID] | None = (last["updated_at"], _uuid(last["id"]))
+    more = len(roots) == limit or len(taken) < len(families)
+    partial = False
+    if decision.delete and len(taken[0].members) > limit and not dry_run:
+        # one family, too large for a batch (a dry run, which holds nothing, counts it whole)
+        part = leaves_first(taken[0], limit)
+        if part.members:  # its deepest first; the cursor stays on its root
+            decision = PruneDecision(delete=[part], kept={})
+            cursor, more, partial = after, True, True
     kept: dict[str, int] = {}
     for reason in decision.kept.values():
         kept[str(reason)] = kept.get(str(reason), 0) + 1
+    handled = 0 if partial else len(taken)
     ids = decision.ids
-    if dry_run or not ids:
-        return PruneBatch(roots=len(roots), cursor=cursor, executions=len(ids), kept=kept)
+    if not ids:
+        return PruneBatch(roots=handled, cursor=cursor, kept=kept, more=more)
+    if dry_run:
+        history = yield Query("prune_count_history", {"ids": ids})
+        messages = yield Query("prune_count_messages", {"ids": ids})
+        return PruneBatch(roots=handled, cursor=cursor, executions=len(ids),
+                          history=int(history[0]["n"]), messages=int(messages[0]["n"]),
+                          kept=kept, more=more, partial=partial)
     # under the lock, again: a row that changed since it was read (no longer ended before
     # the cutoff), or a retry of one made since, keeps its family this time
     locked = yield Query("prune_lock", {"ids": ids, "cutoff": cutoff})
@@ -487,13 +521,18 @@ def prune(cutoff: datetime, limit: int, after: tuple[datetime, uuid.UUID] | None
         kept["changed"] = kept.get("changed", 0) + len(decision.delete) - len(going)
     ids = [m.id for f in going for m in f.members]
     if not ids:
-        return PruneBatch(roots=len(roots), cursor=cursor, kept=kept)
+        if partial:  # the part changed under us: its family is passed over this time
+            first = roots[0]
+            return PruneBatch(roots=1, cursor=(first["updated_at"], _uuid(first["id"])),
+                              kept=kept, more=more)
+        return PruneBatch(roots=handled, cursor=cursor, kept=kept, more=more)
     messages = yield Query("prune_delete_messages", {"ids": ids})
     history = yield Query("prune_delete_history", {"ids": ids})
     yield Query("prune_delete_cron_slots", {"ids": ids})
     deleted = yield Query("prune_delete_executions", {"ids": ids})
-    return PruneBatch(roots=len(roots), cursor=cursor, executions=len(deleted),
-                      history=len(history), messages=len(messages), kept=kept)
+    return PruneBatch(roots=handled, cursor=cursor, executions=len(deleted),
+                      history=len(history), messages=len(messages), kept=kept, more=more,
+                      partial=partial)
 
 
 def prune_count(cutoff: datetime) -> Op:

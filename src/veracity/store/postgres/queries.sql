@@ -1123,12 +1123,14 @@ LIMIT %(limit)s
 -- name: prune_families
 -- Every member of the families of these roots (the roots and everything below them),
 -- with what the decision (veracity.core.retention) needs.
-WITH RECURSIVE fam (root_id, id) AS (
-    SELECT r.id, r.id FROM unnest(%(roots)s::uuid[]) AS r (id)
+WITH RECURSIVE fam (root_id, id, depth) AS (
+    SELECT r.id, r.id, 0 FROM unnest(%(roots)s::uuid[]) AS r (id)
     UNION ALL
-    SELECT fam.root_id, c.id FROM veracity_executions AS c JOIN fam ON c.parent_id = fam.id
+    SELECT fam.root_id, c.id, fam.depth + 1
+    FROM veracity_executions AS c JOIN fam ON c.parent_id = fam.id
 )
-SELECT fam.root_id, e.id, e.status,
+SELECT fam.root_id, e.id, e.status, e.parent_id, fam.depth,
+       e.flagged_at IS NOT NULL AS flagged,
        (e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
         AND e.updated_at < %(cutoff)s::timestamptz) AS ended_before_cutoff,
        (SELECT coalesce(json_agg(r.id), '[]'::json) FROM veracity_executions AS r
@@ -1140,12 +1142,14 @@ SELECT fam.root_id, e.id, e.status,
 FROM fam JOIN veracity_executions AS e ON e.id = fam.id
 
 -- name: prune_lock
--- The executions about to be deleted, locked, that are still terminal and ended before
--- the cutoff (nobody waits on a terminal row: workers lock only unfinished ones).
+-- The executions about to be deleted, locked, that are still terminal, ended before
+-- the cutoff and not flagged (nobody waits on a terminal row: workers lock only
+-- unfinished ones).
 SELECT id FROM veracity_executions
 WHERE id = ANY (%(ids)s::uuid[])
   AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
   AND updated_at < %(cutoff)s::timestamptz
+  AND flagged_at IS NULL
 ORDER BY id
 FOR UPDATE
 
@@ -1153,6 +1157,13 @@ FOR UPDATE
 -- Executions that retry one of these and are not among them (read again under the lock).
 SELECT DISTINCT retry_of AS id FROM veracity_executions
 WHERE retry_of = ANY (%(ids)s::uuid[]) AND NOT (id = ANY (%(ids)s::uuid[]))
+
+-- name: prune_count_history
+-- (a dry run: what deleting these would delete)
+SELECT count(*) AS n FROM veracity_history WHERE execution_id = ANY (%(ids)s::uuid[])
+
+-- name: prune_count_messages
+SELECT count(*) AS n FROM veracity_messages WHERE execution_id = ANY (%(ids)s::uuid[])
 
 -- name: prune_delete_messages
 DELETE FROM veracity_messages WHERE execution_id = ANY (%(ids)s::uuid[]) RETURNING 1

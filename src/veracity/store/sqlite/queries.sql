@@ -823,12 +823,14 @@ LIMIT :limit
 -- name: prune_families
 -- Every member of the families of these roots (the roots and everything below them),
 -- with what the decision (veracity.core.retention) needs.
-WITH RECURSIVE fam (root_id, id) AS (
-    SELECT value, value FROM json_each(:roots)
+WITH RECURSIVE fam (root_id, id, depth) AS (
+    SELECT value, value, 0 FROM json_each(:roots)
     UNION ALL
-    SELECT fam.root_id, c.id FROM veracity_executions AS c JOIN fam ON c.parent_id = fam.id
+    SELECT fam.root_id, c.id, fam.depth + 1
+    FROM veracity_executions AS c JOIN fam ON c.parent_id = fam.id
 )
-SELECT fam.root_id, e.id, e.status,
+SELECT fam.root_id, e.id, e.status, e.parent_id, fam.depth,
+       e.flagged_at IS NOT NULL AS flagged,
        (e.status IN ('completed', 'failed', 'failed_transient', 'cancelled')
         AND e.updated_at < :cutoff) AS ended_before_cutoff,
        (SELECT json_group_array(r.id) FROM veracity_executions AS r
@@ -840,17 +842,28 @@ SELECT fam.root_id, e.id, e.status,
 FROM fam JOIN veracity_executions AS e ON e.id = fam.id
 
 -- name: prune_lock
--- The executions about to be deleted that are still terminal and ended before the cutoff.
+-- The executions about to be deleted that are still terminal, ended before the cutoff and
+-- not flagged.
 SELECT id FROM veracity_executions
 WHERE id IN (SELECT value FROM json_each(:ids))
   AND status IN ('completed', 'failed', 'failed_transient', 'cancelled')
   AND updated_at < :cutoff
+  AND flagged_at IS NULL
 
 -- name: prune_retried_by
 -- Executions that retry one of these and are not among them.
 SELECT DISTINCT retry_of AS id FROM veracity_executions
 WHERE retry_of IN (SELECT value FROM json_each(:ids))
   AND id NOT IN (SELECT value FROM json_each(:ids))
+
+-- name: prune_count_history
+-- (a dry run: what deleting these would delete)
+SELECT count(*) AS n FROM veracity_history
+WHERE execution_id IN (SELECT value FROM json_each(:ids))
+
+-- name: prune_count_messages
+SELECT count(*) AS n FROM veracity_messages
+WHERE execution_id IN (SELECT value FROM json_each(:ids))
 
 -- name: prune_delete_messages
 DELETE FROM veracity_messages WHERE execution_id IN (SELECT value FROM json_each(:ids))
