@@ -248,3 +248,62 @@ async def test_a_write_run_again_after_it_committed_answers_it_created(
     for new in items:
         (event,) = await assert_history_consistent(store, new.id)
         assert event.kind == "pending"
+
+
+PG_ONLY = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+
+
+def _delete_before(monkeypatch: pytest.MonkeyPatch, raw: RawSQL, query: str,
+                   key: str) -> list[str]:
+    """Run retention's part of the race: just before the store's statement ``query`` (the
+    read of the execution a key named), the execution with ``key`` is deleted, as a
+    retention pass that committed between the insert and that read. Returns the names of
+    the statements run, in order."""
+    from veracity.store.postgres import store as pg
+
+    original = pg._q
+    seen: list[str] = []
+
+    def q(name: str) -> str:
+        seen.append(name)
+        if name == query and seen.count(name) == 1:
+            ids = raw.execute("SELECT id FROM veracity_executions WHERE idempotency_key = ?",
+                              (key,))
+            for (ident,) in ids:
+                raw.execute("DELETE FROM veracity_history WHERE execution_id = ?", (ident,))
+                raw.execute("DELETE FROM veracity_executions WHERE id = ?", (ident,))
+        return original(name)
+
+    monkeypatch.setattr(pg, "_q", q)
+    return seen
+
+
+@PG_ONLY
+async def test_a_key_whose_execution_retention_deletes_meanwhile_submits_anew(
+    store: Store, raw: RawSQL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL inserts, finds the key taken, then reads the execution it names in a
+    statement of its own: if retention deleted that execution in between, the key is free
+    (docs/operations.md, Retention) and the submission goes again, a new execution, not an
+    error. Alone and in a batch."""
+    old = await store.execution_submit(new_execution("app.k", [1], idempotency_key="k",
+                                                     request_digest="d"))
+    seen = _delete_before(monkeypatch, raw, "execution_by_key_or_id", "k")
+    again = await store.execution_submit(new_execution("app.k", [1], idempotency_key="k",
+                                                       request_digest="d"))
+    assert seen.count("execution_submit") == 2  # the second time it inserted
+    assert again.created and again.execution.id != old.execution.id
+    assert await store.execution_get(old.execution.id) is None
+
+    before = await store.execution_submit_many([new_execution("app.k", [2],
+                                                               idempotency_key="b")])
+    seen = _delete_before(monkeypatch, raw, "execution_by_keys_or_ids", "b")
+    batch = await store.execution_submit_many([
+        new_execution("app.k", [2], idempotency_key="b"), new_execution("app.k", [3])])
+    assert seen.count("execution_submit_many") == 2
+    assert [s.created for s in batch] == [True, True]
+    assert batch[0].execution.id != before[0].execution.id
+    assert await _all_ids(store) == {again.execution.id, batch[0].execution.id,
+                                     batch[1].execution.id}
+    for s in batch:
+        await assert_history_consistent(store, s.execution.id)

@@ -1290,6 +1290,12 @@ def submitted_execution(new: NewExecution, row: Row) -> Execution:
         paused_from=str(Status.PENDING) if new.paused else None)
 
 
+class ConflictVanished(Exception):
+    """A submission's idempotency key named an execution that was gone when read:
+    retention deleted it between the insert that found it and the read (its key is free
+    again, docs/operations.md, Retention). The submission is run again from the start."""
+
+
 def submit_many(items: Sequence[NewExecution], now: datetime | None, *,
                 all_or_nothing: bool = True) -> Op:
     """A batch of submissions in a fixed number of statements: insert every item whose key
@@ -1348,8 +1354,8 @@ def submit_many(items: Sequence[NewExecution], now: datetime | None, *,
         elif key is not None and key in by_key:
             answer = Submitted(execution_from(by_key[key]), False,
                                by_key[key]["request_digest"])
-        else:  # pragma: no cover - a row that conflicted cannot vanish (no deletes)
-            raise RuntimeError("insert conflict without an existing execution")
+        else:  # the row its key named was deleted (retention) since: the key is free
+            raise ConflictVanished(new.idempotency_key)
         if not answer.created and answer.request_digest != new.request_digest:
             conflicts[i] = answer.execution.id
         answers.append(answer)

@@ -383,7 +383,10 @@ class PostgresStore(SharedMethods):
                     except psycopg.OperationalError:
                         broken = conn.broken or conn.closed
                         raise
-            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
+                    _ops.ConflictVanished):
+                # (ConflictVanished: a submission whose key's execution retention deleted
+                # meanwhile; the transaction rolled back, and the key is free now)
                 if attempt == RETRIES:
                     raise
                 await asyncio.sleep(0.01 * (attempt + 1))
@@ -466,19 +469,24 @@ class PostgresStore(SharedMethods):
             "scheduled_at": new.scheduled_at,
             "now": self._now(),
         }
-        row = await self._fetchone("execution_submit", params)
-        if row is not None:
-            return Submitted(_ops.submitted_execution(new, row), True, new.request_digest)
-        # a conflict: the idempotency key exists (ON CONFLICT waited for its inserter to
-        # commit), or this very insert committed before a lost connection made us repeat it
-        row = await self._fetchone(
-            "execution_by_key_or_id",
-            {"idempotency_key": new.idempotency_key, "id": new.id},
-        )
-        if row is None:  # pragma: no cover - the conflicting row cannot vanish (no deletes)
-            raise RuntimeError("insert conflict without an existing execution")
-        ours = row["id"] == new.id
-        return Submitted(row_to_execution(row), ours, row["request_digest"])
+        for _ in range(RETRIES + 1):
+            row = await self._fetchone("execution_submit", params)
+            if row is not None:
+                return Submitted(_ops.submitted_execution(new, row), True,
+                                 new.request_digest)
+            # a conflict: the idempotency key exists (ON CONFLICT waited for its inserter
+            # to commit), or this very insert committed before a lost connection made us
+            # repeat it
+            row = await self._fetchone(
+                "execution_by_key_or_id",
+                {"idempotency_key": new.idempotency_key, "id": new.id},
+            )
+            if row is not None:
+                ours = row["id"] == new.id
+                return Submitted(row_to_execution(row), ours, row["request_digest"])
+            # retention deleted the row the key named since the insert found it: the key
+            # is free again (docs/operations.md, Retention), so submit again
+        raise _ops.ConflictVanished(new.idempotency_key)
 
     async def execution_get(self, execution_id: uuid.UUID) -> Execution | None:
         found = await self._executions("execution_get", {"id": execution_id})
