@@ -14,12 +14,14 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from veracity._ids import new_execution_id, new_execution_ids, parse_execution_id
 from veracity.core.cron import CronEntry
@@ -147,8 +149,32 @@ class ServiceMetrics:
         for kind in FlagKind:
             self.flagged.labels(str(kind))
 
+        self.pruned = DatabaseTotals(
+            "veracity_pruned", "Rows retention and `veracity prune` deleted from this "
+            "database, whichever process did (read from the database at each scrape: every "
+            "server serves the same totals)", "kind", ("executions", "history", "messages"))
+        (registry if registry is not None else REGISTRY).register(self.pruned)
+
     def flagged_children(self) -> list[tuple[str, Gauge]]:
         return [(str(kind), self.flagged.labels(str(kind))) for kind in FlagKind]
+
+
+class DatabaseTotals(Collector):
+    """A counter whose values are totals kept in the database (set before each scrape):
+    the same for every process that serves it, and kept across restarts."""
+
+    def __init__(self, name: str, documentation: str, label: str,
+                 values: Sequence[str]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.label = label
+        self.values: dict[str, int] = dict.fromkeys(values, 0)
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, total in self.values.items():
+            family.add_metric([value], total)
+        yield family
 
 
 @dataclass(frozen=True, slots=True)

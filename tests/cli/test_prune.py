@@ -8,6 +8,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
+
 from tests.cli.test_cli import (
     assert_failure,
     assert_usage_error,
@@ -18,6 +20,8 @@ from tests.cli.test_cli import (
     run_all,
 )
 from tests.conftest import run_async
+from tests.reconciler._support import metric_value
+from tests.test_server import free_port, server_env, server_process
 from veracity.clock import ManualClock
 from veracity.models import Claim, NewExecution
 from veracity.store import open_store
@@ -145,3 +149,26 @@ def test_prune_on_a_terminal_shows_a_progress_bar(sqlite_url: str, tmp_path: Pat
     assert done.stdout.startswith("deleted 2 executions"), done.stdout
     assert b"pruning" in shown and b"100%" in shown, shown
     assert run_async(present(sqlite_url, ids["old"])) == [False, False]
+
+
+def pruned_total(url: str) -> dict[str, float | None]:
+    """veracity_pruned_total by kind, as a server serves it."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {kind: metric_value(text, "veracity_pruned_total", kind=kind)
+            for kind in ("executions", "history", "messages")}
+
+
+def test_what_prune_deletes_is_counted_in_every_servers_metrics(
+    database_url: str, tmp_path: Path
+) -> None:
+    """`veracity prune` serves no metrics of its own: each batch adds its deletions to the
+    totals in the database, which a running server serves as veracity_pruned_total (the
+    default retention of 30 days deletes nothing of these meanwhile)."""
+    run_async(setup(database_url))
+    port = free_port()
+    with server_process(tmp_path, server_env(database_url, port), port) as server:
+        server.wait_healthy()
+        assert pruned_total(server.url) == {"executions": 0, "history": 0, "messages": 0}
+        out = ok(run(["prune", "--older-than", "7d"], base_env(database_url), tmp_path))
+        assert out.startswith("deleted 2 executions"), out
+        assert pruned_total(server.url) == {"executions": 2, "history": 6, "messages": 0}

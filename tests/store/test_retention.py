@@ -82,11 +82,16 @@ async def test_ended_executions_go_with_their_history_and_messages_the_rest_stay
     events = sum([len(await store.history_list(i)) for i in olds])
     assert events >= 3 + 3 + 3 + 2  # pending, running, end; pending, cancelled
     cutoff = T0 + 5 * DAY
+    zero = {"executions": 0, "history": 0, "messages": 0}
+    assert await store.retention_totals() == zero
     batches = await prune_all(store, cutoff)
 
     assert sum(b.executions for b in batches) == 4
     assert sum(b.messages for b in batches) == 1
     assert sum(b.history for b in batches) == events
+    # counted in the database, in each batch's transaction (veracity_pruned_total)
+    assert await store.retention_totals() == {"executions": 4, "history": events,
+                                              "messages": 1}
     assert await gone(store, *olds)
     assert raw.scalar("SELECT count(*) FROM veracity_messages") == 0
     assert await present(store, pending.id, paused.id, run.execution_id,
@@ -115,6 +120,7 @@ async def test_a_dry_run_counts_and_deletes_nothing(store: Store, clock: ManualC
     assert sum(b.messages for b in batches) == 1
     assert await present(store, *(e.id for e in olds))
     assert [len(await store.history_list(e.id)) for e in olds] == events
+    assert await store.retention_totals() == {"executions": 0, "history": 0, "messages": 0}
 
 
 async def test_batches_are_read_oldest_end_first_after_the_cursor(

@@ -201,6 +201,13 @@ def _define_api(app: APIRouter) -> None:
             if counts is not None:
                 for kind, child in service.metrics.flagged_children():
                     child.set(counts.get(kind, 0))
+            try:  # what retention and `veracity prune` deleted, whoever ran them
+                pruned = await asyncio.wait_for(service.store.retention_totals(),
+                                                METRICS_DB_WAIT)
+            except Exception:  # the counter keeps its last values
+                pruned = None
+            if pruned is not None:
+                service.metrics.pruned.values.update(pruned)
         if service is not None and telemetry is not None:
             try:
                 statuses = await asyncio.wait_for(service.store.execution_status_counts(),

@@ -530,9 +530,16 @@ def prune(cutoff: datetime, limit: int, after: tuple[datetime, uuid.UUID] | None
     history = yield Query("prune_delete_history", {"ids": ids})
     yield Query("prune_delete_cron_slots", {"ids": ids})
     deleted = yield Query("prune_delete_executions", {"ids": ids})
+    yield Query("prune_counted", {"executions": len(deleted), "history": len(history),
+                                  "messages": len(messages)})
     return PruneBatch(roots=handled, cursor=cursor, executions=len(deleted),
                       history=len(history), messages=len(messages), kept=kept, more=more,
                       partial=partial)
+
+
+def retention_totals() -> Op:
+    rows = yield Query("retention_totals", {})
+    return {str(r["kind"]): int(r["deleted"]) for r in rows}
 
 
 def prune_count(cutoff: datetime) -> Op:

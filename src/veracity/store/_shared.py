@@ -307,6 +307,10 @@ class SharedMethods:
         batch: PruneBatch = await self._op(lambda: _ops.prune(cutoff, limit, after, dry_run))
         return batch
 
+    async def retention_totals(self) -> dict[str, int]:
+        totals: dict[str, int] = await self._op(_ops.retention_totals, transaction=False)
+        return totals
+
     async def execution_prune_count(self, *, cutoff: datetime) -> int:
         require_aware(cutoff)
         count: int = await self._op(lambda: _ops.prune_count(cutoff))

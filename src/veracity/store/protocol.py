@@ -77,6 +77,11 @@ class ReadStore(Protocol):
     async def ping(self) -> None:
         """Raise if the database does not answer."""
 
+    async def retention_totals(self) -> dict[str, int]:
+        """What retention and ``veracity prune`` deleted from this database since
+        migration 0019, whichever process did: ``executions``, ``history`` (events) and
+        ``messages`` (each batch adds its own in its transaction)."""
+
     async def check_session(self) -> None:
         """Raise :class:`veracity.errors.ConfigError` if the store's connections do not keep
         their sessions (PostgreSQL through a connection pooler in transaction mode:

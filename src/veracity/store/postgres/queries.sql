@@ -1177,6 +1177,17 @@ DELETE FROM veracity_cron_slots WHERE execution_id = ANY (%(ids)s::uuid[]) RETUR
 -- name: prune_delete_executions
 DELETE FROM veracity_executions WHERE id = ANY (%(ids)s::uuid[]) RETURNING 1
 
+-- name: prune_counted
+-- The batch's deletions added to the database's totals (veracity_pruned_total), in its
+-- transaction.
+UPDATE veracity_retention_totals SET deleted = deleted + CASE kind
+    WHEN 'executions' THEN %(executions)s::bigint
+    WHEN 'history' THEN %(history)s::bigint
+    ELSE %(messages)s::bigint END
+
+-- name: retention_totals
+SELECT kind, deleted FROM veracity_retention_totals
+
 -- name: prune_count
 -- How many top-level executions ended before the cutoff (what a pass will read).
 SELECT count(*) AS n FROM veracity_executions

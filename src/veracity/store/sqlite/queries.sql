@@ -881,6 +881,17 @@ RETURNING 1
 DELETE FROM veracity_executions WHERE id IN (SELECT value FROM json_each(:ids))
 RETURNING 1
 
+-- name: prune_counted
+-- The batch's deletions added to the database's totals (veracity_pruned_total), in its
+-- transaction.
+UPDATE veracity_retention_totals SET deleted = deleted + CASE kind
+    WHEN 'executions' THEN :executions
+    WHEN 'history' THEN :history
+    ELSE :messages END
+
+-- name: retention_totals
+SELECT kind, deleted FROM veracity_retention_totals
+
 -- name: prune_count
 -- How many top-level executions ended before the cutoff (what a pass will read).
 SELECT count(*) AS n FROM veracity_executions
