@@ -428,11 +428,15 @@ def test_slow_clients_are_cut_off_and_connections_are_bounded(tmp_path: Path) ->
         for sock in (silent, headers, body):
             assert _closed_by_server(sock, 5), "a slow client kept its connection"
             sock.close()
-        # beyond the bound: answered 503 at once, while the held ones are cut off later
-        held = [_drip(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n") for _ in range(8)]
+        # up to the bound: served; beyond it: answered 503 at once, while the held ones
+        # are cut off later
+        held = [_drip(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n") for _ in range(7)]
         try:
             with httpx.Client(base_url=server.url, timeout=5) as client:
-                response = client.get("/healthz")
+                assert client.get("/healthz").status_code == 200  # the 8th connection
+            held.append(_drip(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n"))
+            with httpx.Client(base_url=server.url, timeout=5) as client:
+                response = client.get("/healthz")  # the 9th
             assert response.status_code == 503
         finally:
             for sock in held:

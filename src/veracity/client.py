@@ -15,6 +15,7 @@ httpx does the HTTP; nothing of Veracity's server is imported, so a client start
 from __future__ import annotations
 
 import builtins
+import math
 import os
 import ssl
 import time
@@ -42,6 +43,7 @@ __all__ = [
     "InvalidRequest",
     "NotFoundError",
     "PayloadTooLarge",
+    "ServerBusy",
     "ServerUnreachable",
     "Submission",
     "Unauthorized",
@@ -96,6 +98,11 @@ class PayloadTooLarge(ApiError):
 
 class DatabaseUnavailable(ApiError):
     """503: the server's database did not answer; try again shortly."""
+
+
+class ServerBusy(ApiError):
+    """503 without the API's error body: the server has as many connections as it takes
+    (``server.max_connections``) and refused this one; try again shortly."""
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {
@@ -166,6 +173,43 @@ def batch_item(submission: Submission | Mapping[str, Any] | Any) -> Any:
     if isinstance(body.get("scheduled_at"), datetime):
         body["scheduled_at"] = body["scheduled_at"].isoformat()
     return body
+
+
+def _deadline(timeout: float | None) -> float | None:
+    """When a wait of ``timeout`` seconds ends (None: never). A negative or NaN timeout is
+    refused as the API refuses such a wait (``invalid_wait``), before any request."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) \
+            or not math.isfinite(timeout) or timeout < 0:
+        raise InvalidRequest(422, "invalid_wait", f"timeout must be a number of seconds, 0 "
+                             f"or more, or None (no limit), not {timeout!r}")
+    return time.monotonic() + timeout
+
+
+def _next_step(deadline: float | None) -> float:
+    """Seconds the next long poll asks the server to wait."""
+    return WAIT_STEP if deadline is None else min(WAIT_STEP,
+                                                  max(0.0, deadline - time.monotonic()))
+
+
+EARLY_PAUSE = 0.1
+"""Seconds a wait pauses before asking again when the server answered a long poll early
+without the execution having ended (a server that is stopping answers at once)."""
+
+
+def _pause_after(asked: float, began: float) -> float:
+    """Seconds to pause before the next long poll: some, when the server answered in less
+    than half the time asked without the execution having ended."""
+    elapsed = time.monotonic() - began
+    return min(EARLY_PAUSE, asked - elapsed) if elapsed < asked / 2 else 0.0
+
+
+def _check_timeout(timeout: float) -> float:
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) \
+            or not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be a number of seconds above 0, not {timeout!r}")
+    return float(timeout)
 
 
 def _time(value: Any) -> datetime | None:
@@ -259,6 +303,8 @@ def _raise_for(response: httpx.Response) -> None:
     except (ValueError, KeyError, TypeError):
         code, message, details = "http_error", response.text[:500], {}
     kind = _BY_STATUS.get(response.status_code, ApiError)
+    if response.status_code == 503 and code == "http_error":  # not the API's own answer
+        kind, code = ServerBusy, "server_busy"
     raise kind(response.status_code, code, message, details)
 
 
@@ -305,7 +351,7 @@ class Client:
                  timeout: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:
         base, headers = _settings(url, token)
         self.url = base
-        self.timeout = timeout
+        self.timeout = _check_timeout(timeout)
         self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout,
                                   transport=transport, verify=_verify(transport))
 
@@ -349,10 +395,9 @@ class Client:
     def wait(self, execution_id: str, timeout: float | None = None) -> ClientExecution:
         """The execution once it has ended; long polls (the server answers as soon as it
         ends). :class:`WaitTimeout` after ``timeout`` seconds (None: no limit)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         while True:
-            left = WAIT_STEP if deadline is None else max(0.0, deadline - time.monotonic())
-            step = min(WAIT_STEP, left)
+            step, began = _next_step(deadline), time.monotonic()
             execution = ClientExecution.of(self._call(
                 "GET", f"/v1/executions/{execution_id}", params={"wait": f"{step:.3f}s"},
                 timeout=step + self.timeout))
@@ -360,6 +405,8 @@ class Client:
                 return execution
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(execution)
+            if pause := _pause_after(step, began):
+                time.sleep(pause)
 
     def result(self, execution_id: str, timeout: float | None = None) -> Any:
         """The execution's result once it completed; :class:`ExecutionFailed` if it ended
@@ -437,6 +484,7 @@ class _Lanes:
         self._slots = asyncio.Semaphore(limit)
         self._idle: list[httpx.AsyncClient] = []
         self._opened: list[httpx.AsyncClient] = []
+        self._closing: set[asyncio.Future[None]] = set()
         self._closed = False
 
     async def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -445,20 +493,39 @@ class _Lanes:
         async with self._slots:
             lane = self._idle.pop() if self._idle else self._open()
             try:
-                return await lane.request(method, path, **kw)
-            finally:
-                self._idle.append(lane)  # the whole answer was read: free again
+                response = await lane.request(method, path, **kw)
+            except BaseException:
+                # a request cut short (cancelled, timed out, its connection lost) can leave
+                # its lane's one connection slot taken for good (httpcore 1.0: encode/
+                # httpcore#1093), and every later request on it waiting for that slot:
+                # the lane is closed, never used again
+                self._discard(lane)
+                raise
+            self._idle.append(lane)  # the whole answer was read: free again
+            return response
 
     def _open(self) -> httpx.AsyncClient:
         lane = self._make()
         self._opened.append(lane)
         return lane
 
+    def _discard(self, lane: httpx.AsyncClient) -> None:
+        import asyncio
+
+        self._opened.remove(lane)
+        closing = asyncio.ensure_future(lane.aclose())  # not cancelled with the request
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
     async def aclose(self) -> None:
+        import asyncio
+
         self._closed = True
         opened, self._opened, self._idle = self._opened, [], []
         for lane in opened:
             await lane.aclose()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 MAX_CONNECTIONS = 100
@@ -474,7 +541,7 @@ class AsyncClient:
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         base, headers = _settings(url, token)
         self.url = base
-        self.timeout = timeout
+        self.timeout = _check_timeout(timeout)
         self._http: httpx.AsyncClient | _Lanes
         if transport is not None:  # the caller's (tests: httpx.MockTransport): as given
             self._http = httpx.AsyncClient(base_url=base, headers=headers, timeout=timeout,
@@ -522,10 +589,11 @@ class AsyncClient:
         return ClientExecution.of(await self._call("GET", f"/v1/executions/{execution_id}"))
 
     async def wait(self, execution_id: str, timeout: float | None = None) -> ClientExecution:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        import asyncio
+
+        deadline = _deadline(timeout)
         while True:
-            left = WAIT_STEP if deadline is None else max(0.0, deadline - time.monotonic())
-            step = min(WAIT_STEP, left)
+            step, began = _next_step(deadline), time.monotonic()
             execution = ClientExecution.of(await self._call(
                 "GET", f"/v1/executions/{execution_id}", params={"wait": f"{step:.3f}s"},
                 timeout=step + self.timeout))
@@ -533,6 +601,8 @@ class AsyncClient:
                 return execution
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(execution)
+            if pause := _pause_after(step, began):
+                await asyncio.sleep(pause)
 
     async def result(self, execution_id: str, timeout: float | None = None) -> Any:
         execution = await self.wait(execution_id, timeout)

@@ -31,15 +31,15 @@ from veracity.app import App
 from veracity.client import (
     _BY_STATUS,
     TERMINAL,
-    WAIT_STEP,
     ApiError,
     ClientExecution,
     DatabaseUnavailable,
     ExecutionFailed,
-    InvalidRequest,
     PayloadTooLarge,
     Submission,
     WaitTimeout,
+    _deadline,
+    _next_step,
     batch_item,
 )
 from veracity.config import load_settings
@@ -191,13 +191,10 @@ class AsyncDatabaseClient:
         """As :meth:`veracity.AsyncClient.wait`: woken by the database's end signals (on
         PostgreSQL its notifications), not by polling; :class:`veracity.WaitTimeout` with
         the execution as it is then, if it has not ended within ``timeout`` seconds."""
-        if timeout is not None and timeout < 0:
-            raise InvalidRequest(422, "invalid_wait", "timeout must not be negative")
+        deadline = _deadline(timeout)  # a negative or NaN one: invalid_wait, as the API's
         service = self._service
-        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            left = WAIT_STEP if deadline is None else max(0.0, deadline - time.monotonic())
-            execution = await self._do(service.wait(execution_id, min(WAIT_STEP, left)))
+            execution = await self._do(service.wait(execution_id, _next_step(deadline)))
             if str(execution.status) in TERMINAL:
                 return _client_execution(execution)
             if deadline is not None and time.monotonic() >= deadline:

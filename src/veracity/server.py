@@ -259,7 +259,9 @@ async def serve(settings: Settings, *, with_worker: bool | None = None,
         lifespan="on",
         timeout_graceful_shutdown=30,
         http=protocol_with(settings.server.read_timeout),
-        limit_concurrency=settings.server.max_connections,
+        # uvicorn counts the connection a request came on among those it compares with
+        # its limit: max_connections connections served at once, the next one refused
+        limit_concurrency=settings.server.max_connections + 1,
     )
     server = _Server(config, api)
     task = asyncio.create_task(server.serve(sockets=socks))

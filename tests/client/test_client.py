@@ -346,3 +346,108 @@ async def test_the_async_clients_connections_carry_one_request_each_and_are_reus
     with pytest.raises(RuntimeError, match="has been closed"):  # as a closed httpx client
         await lanes.request("GET", "/x")
     assert len(made) == 4
+
+
+async def test_a_cancelled_call_leaves_the_async_client_whole(live: Server) -> None:
+    """A call cut short (cancelled by a timeout around it) at any point, even while its
+    connection is being opened, leaves the client able to serve the next call: a lane
+    whose request was cut short is closed, not used again (httpcore 1.0 can leave its one
+    connection slot taken: encode/httpcore#1093)."""
+    import random
+
+    rng = random.Random(1)
+    async with AsyncClient(live.url, timeout=2) as client:
+        echoed = await client.submit(ECHO, 1)
+        failed = []
+        for round_ in range(40):
+            try:
+                await asyncio.wait_for(client.get(echoed.id), rng.uniform(0.0005, 0.01))
+            except TimeoutError:
+                pass
+            try:
+                await client.get(echoed.id)
+            except ServerUnreachable as exc:
+                failed.append((round_, repr(exc)))
+        assert failed == []
+
+
+def test_a_wait_with_a_timeout_that_is_no_duration_is_refused_before_any_request() -> None:
+    """As the API refuses such a wait (invalid_wait), and as AsyncDatabaseClient does: a
+    negative or NaN timeout never becomes a loop of requests."""
+    sent: list[httpx.Request] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(500)
+
+    transport = httpx.MockTransport(refuse)
+    with Client("http://veracity.test", transport=transport) as client:
+        for bad in (-1, -0.001, float("nan"), float("-inf"), float("inf"), "5", True):
+            with pytest.raises(InvalidRequest) as refused:
+                client.wait("x", timeout=bad)  # type: ignore[arg-type]
+            assert refused.value.code == "invalid_wait", bad
+            with pytest.raises(InvalidRequest):
+                client.result("x", timeout=bad)  # type: ignore[arg-type]
+    assert sent == []
+
+
+async def test_the_async_clients_wait_refuses_the_same_timeouts() -> None:
+    sent: list[httpx.Request] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(500)
+
+    transport = httpx.MockTransport(refuse)
+    async with AsyncClient("http://veracity.test", transport=transport) as client:
+        for bad in (-1, float("nan")):
+            with pytest.raises(InvalidRequest) as refused:
+                await client.wait("x", timeout=bad)
+            assert refused.value.code == "invalid_wait"
+    assert sent == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), None, "10"])
+def test_a_client_timeout_that_is_no_duration_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="timeout must be a number of seconds above 0"):
+        Client("http://veracity.test", timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout must be a number of seconds above 0"):
+        AsyncClient("http://veracity.test", timeout=bad)  # type: ignore[arg-type]
+
+
+def test_a_wait_answered_early_pauses_before_asking_again() -> None:
+    """A server that is stopping answers its long polls at once, the execution not ended:
+    the client asks again after a pause, not in a tight loop."""
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json={"id": "x", "ffqn": "a:b/c.d", "status": "running"})
+
+    with Client("http://veracity.test", transport=httpx.MockTransport(answer)) as client:
+        started = time.monotonic()
+        with pytest.raises(WaitTimeout):
+            client.wait("x", timeout=1.0)
+        assert time.monotonic() - started >= 1.0
+    assert 3 <= len(sent) <= 12, len(sent)  # about one per 0.1 s pause
+
+
+def test_a_503_without_the_apis_body_is_server_busy() -> None:
+    """The server refuses a connection beyond server.max_connections with a bare 503 (not
+    the API's error): ServerBusy, not DatabaseUnavailable, which is the API's own 503."""
+    from veracity.client import DatabaseUnavailable, ServerBusy
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/busy"):
+            return httpx.Response(503, text="Service Unavailable")
+        return httpx.Response(503, json={"error": {"code": "database_unavailable",
+                                                   "message": "no answer"}})
+
+    with Client("http://veracity.test", transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(ServerBusy) as busy:
+            client.get("busy")
+        assert (busy.value.status, busy.value.code) == (503, "server_busy")
+        with pytest.raises(DatabaseUnavailable) as down:
+            client.get("x")
+        assert down.value.code == "database_unavailable"
+        assert not isinstance(down.value, ServerBusy)

@@ -162,9 +162,13 @@ async def test_batches_and_typed_errors_change_nothing(live: Server, database_ur
         with pytest.raises(InvalidRequest) as bad_id:
             await direct.get("not-an-id")
         assert bad_id.value.code == "invalid_id"
-        with pytest.raises(InvalidRequest) as negative:
-            await direct.wait(first[0].id, timeout=-1)
-        assert negative.value.code == "invalid_wait"
+        for no_wait in (-1.0, float("nan")):  # as AsyncClient refuses them, before any wait
+            with pytest.raises(InvalidRequest) as negative:
+                await direct.wait(first[0].id, timeout=no_wait)
+            assert negative.value.code == "invalid_wait"
+            with pytest.raises(InvalidRequest) as negative:
+                await api.wait(first[0].id, timeout=no_wait)
+            assert negative.value.code == "invalid_wait"
 
 
 async def test_submissions_at_once_share_transactions(live: Server, database_url: str
