@@ -3,8 +3,9 @@
 One scratch database is measured empty, then again after it is filled with terminal
 executions up to each size in ``--sizes`` (default: 1,000,000). Filling inserts top-level
 executions straight into the tables (99 % ``completed``, 1 % ``failed``, 0.1 %
-``cancelled``; four FFQNs, three deployments; three history events each), ended over
-the last 40 days, then VACUUM ANALYZE. At each size:
+``cancelled``, 0.01 % ``failed_transient`` and flagged ``forced``; four FFQNs, and one
+row in 100,000 of a fifth, ``rare:``; three deployments; three history events each),
+ended over the last 40 days, then VACUUM ANALYZE. At each size:
 
 - claims: ``--executions`` no-op executions (default 5,000) inserted pending, then one
   ``veracity worker`` process at the default settings (``worker.concurrency`` 256) drains
@@ -12,7 +13,8 @@ the last 40 days, then VACUUM ANALYZE. At each size:
   database's clock (as bench/workers.py). Each run starts right after a ``CHECKPOINT``
   (``_checkpoint``). Median of ``--runs`` runs (default 4: a drain of 5,000 lasts half a
   second on a fast machine, and two were not enough; bench/README.md, Growth).
-- list pages: each filter ``GET /v1/executions`` offers, its first page of 50 through the
+- list pages: each filter ``GET /v1/executions`` offers, and a few combinations (a status
+  with a prefix none of its rows has among them), its first page of 50 through the
   store (``execution_list``, in process: the query, not HTTP); the median of 20 calls
   after 3 warm-ups.
 
@@ -42,20 +44,27 @@ FILL = """
 WITH ins AS (
     INSERT INTO veracity_executions (
         id, ffqn, params, status, result, error, deployment_id, scheduled_at, created_at,
-        updated_at, started_at, history_seq)
+        updated_at, started_at, history_seq, flagged_at, flag_kind, flag_reason)
     -- time-ordered ids as Veracity makes them (veracity/_ids.py): the creation time's
     -- milliseconds, the version 7 and variant bits, random bits
     SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7'
             || substr(md5(random()::text), 1, 3) || '8'
             || substr(md5(random()::text), 1, 15))::uuid,
-           (ARRAY['shop:orders/process.run', 'shop:mail/send.run',
-                  'billing:invoices/make.run', 'ops:cleanup/run.run'])[1 + i %% 4],
+           CASE WHEN i %% 100000 = 7 THEN 'rare:x/y.run'
+                ELSE (ARRAY['shop:orders/process.run', 'shop:mail/send.run',
+                            'billing:invoices/make.run', 'ops:cleanup/run.run'])[1 + i %% 4]
+           END,
            '[]',
            CASE WHEN i %% 100 = 0 THEN 'failed' WHEN i %% 1000 = 1 THEN 'cancelled'
-                ELSE 'completed' END,
-           CASE WHEN i %% 100 = 0 OR i %% 1000 = 1 THEN NULL ELSE '{"ok": true}'::json END,
-           CASE WHEN i %% 100 = 0 THEN '{"code": "boom"}'::json END,
-           'dep-' || (i %% 3), t, t, t, t, 3
+                WHEN i %% 10000 = 3 THEN 'failed_transient' ELSE 'completed' END,
+           CASE WHEN i %% 100 = 0 OR i %% 1000 = 1 OR i %% 10000 = 3 THEN NULL
+                ELSE '{"ok": true}'::json END,
+           CASE WHEN i %% 100 = 0 OR i %% 10000 = 3 THEN '{"code": "boom"}'::json END,
+           'dep-' || (i %% 3), t, t, t, t, 3,
+           -- ended by an operator without the engine's confirmation: flagged, forced
+           CASE WHEN i %% 10000 = 3 THEN t END,
+           CASE WHEN i %% 10000 = 3 THEN 'forced' END,
+           CASE WHEN i %% 10000 = 3 THEN 'bench' END
     FROM generate_series(%(first)s::int, %(last)s::int) AS i,
          LATERAL (SELECT now() - interval '40 days'
                          + (i / %(total)s::float8) * interval '40 days' AS t) AS at
@@ -80,9 +89,20 @@ FILTERS: list[tuple[str, ExecutionFilter]] = [
     ("flagged=false", ExecutionFilter(flagged=False)),
     ("created_after", ExecutionFilter(created_after=datetime(2000, 1, 1, tzinfo=UTC))),
     ("created_before", ExecutionFilter(created_before=datetime(2000, 1, 1, tzinfo=UTC))),
+    # combined: a status and a prefix none of its rows has (no failed row is a mail's),
+    # and some that match
+    ("status=failed&ffqn_prefix=shop:mail",
+     ExecutionFilter(statuses=(Status.FAILED,), ffqn_prefix="shop:mail")),
+    ("status=failed&ffqn_prefix=shop:orders",
+     ExecutionFilter(statuses=(Status.FAILED,), ffqn_prefix="shop:orders")),
+    ("status=completed&deployment_id=dep-1",
+     ExecutionFilter(statuses=(Status.COMPLETED,), deployment_id="dep-1")),
+    ("ffqn_prefix=shop:mail&flagged", ExecutionFilter(ffqn_prefix="shop:mail", flagged=True)),
+    ("deployment_id=dep-1&flagged", ExecutionFilter(deployment_id="dep-1", flagged=True)),
 ]
-"""Each filter ``GET /v1/executions`` offers, alone; and (``list_pages``) a page far down
-the unfiltered list, after a cursor in the middle of the table."""
+"""Each filter ``GET /v1/executions`` offers, alone, then a few combined; and
+(``list_pages``) a page far down the unfiltered list, after a cursor in the middle of the
+table."""
 
 
 def fill(url: str, have: int, want: int, chunk: int = 200_000) -> float:
