@@ -154,14 +154,28 @@ def _list_query(lead: str) -> str:
     return query.replace("\nWHERE true\n", f"\nWHERE {lead}\n", 1)
 
 
-_LIST = {
-    "status": _list_query("CAST(status AS TEXT) = :status"),
-    "ffqn": _list_query("CAST(ffqn AS TEXT) = :ffqn"),
-    "deployment": _list_query("CAST(deployment_id AS TEXT) = :deployment_id"),
-    "flagged": _list_query("flagged_at IS NOT NULL"),
+_LEADS = {
+    "status": ("CAST(status AS TEXT) = :status", "status"),
+    "ffqn": ("CAST(ffqn AS TEXT) = :ffqn", "ffqn"),
+    "deployment": ("CAST(deployment_id AS TEXT) = :deployment_id", "deployment_id"),
+    "flagged": ("flagged_at IS NOT NULL", ""),
 }
-"""The list's page by its leading filter: the indexes of migration 0017 (and 0012's of the
-flagged ones)."""
+"""Each filter a page can be read by: the term its index (migration 0017's, 0012's for the
+flagged ones) is keyed on, and the parameter that term takes."""
+
+_LIST = {key: _list_query(term) for key, (term, _) in _LEADS.items()}
+"""The list's page by its leading filter."""
+
+_COUNT = {key: "SELECT count(*) AS n FROM (SELECT 1 FROM veracity_executions WHERE "
+               f"{term} AND created_at > :lower_at AND (created_at, id) < (:upper_at, "
+               ":upper_id) LIMIT :cap)" for key, (term, _) in _LEADS.items()}
+"""How many rows a filter's index holds in the page's range, counted up to :cap (its
+entries only: the rows are not read)."""
+
+LEAD_CAP_PAGES = (4, 32, 256)
+"""A page of filters combined is read by the filter with the fewest rows in its range,
+counted up to this many pages' worth, then (when each filter had as many) up to the next
+(``_lead``): the counting costs about the smallest filter's rows, at most the last."""
 
 _NO_LOWER_AT = -(2**63)
 """A lower bound of created_at below every row's (microseconds since the epoch, INTEGER)."""
@@ -465,28 +479,32 @@ class SqliteStore(SharedMethods):
         """A page of the list, read from the index of its leading filter (queries.sql,
         execution_list): one query per status or per workflow name with the prefix, their
         pages merged, all in one read transaction (one snapshot)."""
-        if filter.statuses:
-            # the leading term checks the status: the statuses' own term is left out
-            key, values = "status", sorted({str(s) for s in filter.statuses})
-            params = {**params, "statuses": None}
-        elif filter.ffqn_prefix is not None:
-            key, values = "ffqn", []
-            params = {**params, "ffqn_prefix": None}  # each name found has the prefix
-        elif filter.deployment_id is not None:
-            return self._c().execute(_LIST["deployment"], params).fetchall()
-        elif filter.flagged:
-            return self._c().execute(_LIST["flagged"], params).fetchall()
-        else:
-            return self._all("execution_list", params)
         conn = self._c()
         conn.execute("BEGIN")
         try:
-            if key == "ffqn":
+            leads: list[tuple[str, list[str]]] = []  # each filter given, in this order
+            if filter.statuses:
+                leads.append(("status", sorted({str(s) for s in filter.statuses})))
+            if filter.ffqn_prefix is not None:
                 found = conn.execute(Q["execution_list_ffqns"], {
                     "ffqn_prefix": filter.ffqn_prefix,
-                    "ffqn_end": _prefix_end(filter.ffqn_prefix or "")}).fetchall()
-                values = [r["ffqn"] for r in found]
-            pages = [conn.execute(_LIST[key], {**params, key: v}).fetchall() for v in values]
+                    "ffqn_end": _prefix_end(filter.ffqn_prefix)}).fetchall()
+                leads.append(("ffqn", [r["ffqn"] for r in found]))
+            if filter.deployment_id is not None:
+                leads.append(("deployment", [filter.deployment_id]))
+            if filter.flagged:
+                leads.append(("flagged", [""]))
+            if not leads:
+                pages = [conn.execute(Q["execution_list"], params).fetchall()]
+            else:
+                key, values = self._lead(conn, leads, params)
+                if key == "status":  # the leading term checks it: its own is left out
+                    params = {**params, "statuses": None}
+                elif key == "ffqn":  # each name found has the prefix
+                    params = {**params, "ffqn_prefix": None}
+                name = _LEADS[key][1]
+                pages = [conn.execute(_LIST[key], {**params, name: v} if name else params
+                                      ).fetchall() for v in values]
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -495,6 +513,35 @@ class SqliteStore(SharedMethods):
             return pages[0]
         merged = heapq.merge(*pages, key=lambda r: (r["created_at"], r["id"]), reverse=True)
         return list(itertools.islice(merged, params["limit"]))
+
+    @staticmethod
+    def _lead(conn: sqlite3.Connection, leads: list[tuple[str, list[str]]],
+              params: dict[str, Any]) -> tuple[str, list[str]]:
+        """The filter a page of several is read by: the one whose index holds the fewest
+        rows in the page's range (each value counted up to LEAD_CAP_PAGES pages), the
+        first given on a tie. SQLite plans without statistics: reading a common status
+        for a rare deployment would read every row of that status."""
+        if len(leads) == 1:
+            return leads[0]
+        counted: list[int] = []
+        for pages in LEAD_CAP_PAGES:
+            cap = pages * params["limit"]
+            counted = []
+            for key, values in leads:
+                name = _LEADS[key][1]
+                total = 0
+                for v in values:
+                    args = {"lower_at": params["lower_at"], "upper_at": params["upper_at"],
+                            "upper_id": params["upper_id"], "cap": cap - total}
+                    if name:
+                        args[name] = v
+                    total += conn.execute(_COUNT[key], args).fetchone()["n"]
+                    if total >= cap:
+                        break
+                counted.append(total)
+            if min(counted) < cap:  # one filter has fewer: it leads
+                break
+        return leads[counted.index(min(counted))]
 
     async def history_list(
         self, execution_id: uuid.UUID, *, after_seq: int = 0, limit: int = 1000
