@@ -329,6 +329,9 @@ class PruneBatch:
     partial: bool = False
     """a part of one family too large for a batch went (its deepest members); the
     cursor stays where it was, on that family's root"""
+    rest: tuple[uuid.UUID, ...] = ()
+    """that family's members still to go before its last part, in order: the next
+    batch's ``rest`` (``execution_prune``)"""
 
 
 @dataclass(frozen=True, slots=True)

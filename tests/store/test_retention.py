@@ -5,6 +5,7 @@ against every backend."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -230,18 +231,49 @@ async def test_a_batch_deletes_at_most_its_limit_a_large_family_in_parts_root_la
     # counted whole in a dry run, which holds nothing
     dry = await prune_all(store, T0 + 5 * DAY, limit=3, dry_run=True)
     assert [b.executions for b in dry] == [8, 2] and [b.partial for b in dry] == [False] * 2
-    after: tuple[datetime, uuid.UUID] | None = None
-    seen: list[tuple[int, bool, bool]] = []
-    while True:
-        b = await store.execution_prune(cutoff=T0 + 5 * DAY, limit=3, after=after)
-        seen.append((b.executions, b.partial, await present(store, root)))
-        after = b.cursor if b.cursor is not None else after
-        if not b.more:
-            break
-    # 3 children, 3 more (the root still there), then the root and its last child with
-    # the next root, then the last root
-    assert seen == [(3, True, True), (3, True, True), (3, False, False), (1, False, False)]
+    seen = [(b.executions, b.partial, len(b.rest), root_there)
+            async for b, root_there in passing(store, T0 + 5 * DAY, 3, root)]
+    # 3 children (4 left, their order given back), 3 more, the last one (the family not
+    # read again meanwhile), then the root read again with the two other roots
+    assert seen == [(3, True, 4, True), (3, True, 1, True), (1, True, 0, True),
+                    (3, False, 0, False)]
     assert await gone(store, root, *kids, *others)
+
+
+async def passing(store: Store, cutoff: datetime, limit: int, root: uuid.UUID
+                  ) -> AsyncIterator[tuple[PruneBatch, bool]]:
+    """A pass's batches as the retention service drives them (``rest`` given back), each
+    with whether ``root`` is still there after it."""
+    after: tuple[datetime, uuid.UUID] | None = None
+    rest: tuple[uuid.UUID, ...] = ()
+    while True:
+        b = await store.execution_prune(cutoff=cutoff, limit=limit, after=after, rest=rest)
+        if b.cursor is None and not b.partial:
+            return
+        yield b, await present(store, root)
+        after, rest = b.cursor if b.cursor is not None else after, b.rest
+        if not b.more:
+            return
+
+
+async def test_a_part_that_changed_since_its_family_was_read_goes_not_and_is_read_again(
+    store: Store, clock: ManualClock, raw: RawSQL
+) -> None:
+    """The later parts of a large family are checked under their lock: a member flagged
+    since the family was read stops them; the family is read again, and kept."""
+    clock.set(T0)
+    root, _ = await family_of(store, 7)
+    clock.set(T0 + 10 * DAY)
+    first = await store.execution_prune(cutoff=T0 + 5 * DAY, limit=3)
+    assert (first.executions, first.partial, len(first.rest)) == (3, True, 4)
+    raw.execute("UPDATE veracity_executions SET flagged_at = updated_at, "
+                "flag_kind = 'forced', flag_reason = 'r' WHERE id = ?",
+                (str(first.rest[0]),))  # one of the next part
+    stopped = await store.execution_prune(cutoff=T0 + 5 * DAY, limit=3, rest=first.rest)
+    assert (stopped.executions, stopped.rest, stopped.kept) == (0, (), {"changed": 1})
+    again = await store.execution_prune(cutoff=T0 + 5 * DAY, limit=3)
+    assert (again.executions, again.kept, again.more) == (0, {"flagged": 1}, False)
+    assert await present(store, root, *first.rest)
 
 
 def retry_new(old: Execution) -> NewExecution:
@@ -323,6 +355,7 @@ async def complete_cron(store: Store, execution_id: uuid.UUID) -> None:
     {"cutoff": datetime(2030, 1, 1)},  # naive: which zone?
     {"cutoff": T0, "limit": 0},
     {"cutoff": T0, "after": (datetime(2030, 1, 1), uuid.uuid4())},
+    {"cutoff": T0, "dry_run": True, "rest": (uuid.uuid4(),)},  # a dry run deletes no part
 ])
 async def test_bad_calls_are_refused_before_reading(store: Store, bad: dict[str, object]
                                                      ) -> None:

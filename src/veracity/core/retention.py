@@ -22,8 +22,9 @@ families deleted in the same batch goes too.
 
 A batch deletes at most a given number of executions: the families of its roots, in
 order, as long as they fit (:func:`within`). A family larger than that alone goes a part
-at a time, from its deepest members up (:func:`leaves_first`), its root last, each part
-decided again when it is read again. This module does no I/O.
+at a time, from its deepest members up (:func:`leaves_order`), its root last: the order is
+decided once, when the family is read, and each later part is checked again under its
+lock before it goes. This module does no I/O.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from enum import StrEnum
 from veracity.core.states import Status
 
 __all__ = ["Family", "KeepReason", "Member", "PruneDecision", "decide_prune", "families_from",
-           "leaves_first", "within"]
+           "leaves_first", "leaves_order", "within"]
 
 
 class KeepReason(StrEnum):
@@ -154,11 +155,12 @@ def within(families: Sequence[Family], limit: int) -> list[Family]:
     return taken
 
 
-def leaves_first(family: Family, limit: int) -> Family:
-    """A part of a family to delete before the rest: at most ``limit`` of its members,
-    deepest first, each with everything below it, its root never (it goes last, with what
-    is left). A member that an execution retries is left for the family's last part (the
-    whole decision rules on it then), and so is everything above it."""
+def leaves_order(family: Family) -> list[Member]:
+    """The order a family too large for one batch goes in, its root and what is held back
+    left out (they go with the family's last part, the whole decision ruling on them
+    then): deepest members first, so that each member comes after everything below it
+    and any leading run of the order can go first. A member that an execution retries is
+    held back, and so is everything above it."""
     parent = {m.id: m.parent_id for m in family.members}
     held: set[uuid.UUID] = set()
     for m in family.members:
@@ -167,16 +169,10 @@ def leaves_first(family: Family, limit: int) -> Family:
             while up is not None and up not in held:
                 held.add(up)
                 up = parent.get(up)
-    order = sorted((m for m in family.members if m.id not in held),
-                   key=lambda m: -m.depth)
-    part = order[:limit]
-    # a member goes only with everything below it: drop one whose child stays
-    going = {m.id for m in part}
-    staying_parents = {parent[m.id] for m in family.members if m.id not in going}
-    while True:
-        drop = {i for i in going if i in staying_parents}
-        if not drop:
-            break
-        going -= drop
-        staying_parents |= {parent[i] for i in drop}
-    return Family(family.root, tuple(m for m in part if m.id in going))
+    return sorted((m for m in family.members if m.id not in held), key=lambda m: -m.depth)
+
+
+def leaves_first(family: Family, limit: int) -> Family:
+    """A part of a family to delete before the rest: the first ``limit`` of
+    :func:`leaves_order`, each member with everything below it, its root never."""
+    return Family(family.root, tuple(leaves_order(family)[:limit]))

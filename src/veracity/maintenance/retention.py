@@ -114,10 +114,13 @@ class RetentionService:
                 cutoff = await self.cutoff()
             result = RetentionResult(ran=True, dry_run=dry_run, cutoff=cutoff)
             after: tuple[datetime, uuid.UUID] | None = None
+            rest: tuple[uuid.UUID, ...] = ()  # a large family's next parts
             while True:
                 batch = await self.store.execution_prune(
-                    cutoff=cutoff, limit=self.batch, after=after, dry_run=dry_run)
+                    cutoff=cutoff, limit=self.batch, after=after, dry_run=dry_run,
+                    rest=rest)
                 after = batch.cursor if batch.cursor is not None else after
+                rest = batch.rest
                 result.roots += batch.roots
                 result.executions += batch.executions
                 result.history += batch.history

@@ -34,7 +34,7 @@ from veracity.core.retention import (
     PruneDecision,
     decide_prune,
     families_from,
-    leaves_first,
+    leaves_order,
     within,
 )
 from veracity.core.states import TERMINAL, Status, sources_of
@@ -485,12 +485,15 @@ def prune(cutoff: datetime, limit: int, after: tuple[datetime, uuid.UUID] | None
     cursor: tuple[datetime, uuid.UUID] | None = (last["updated_at"], _uuid(last["id"]))
     more = len(roots) == limit or len(taken) < len(families)
     partial = False
+    rest: tuple[uuid.UUID, ...] = ()
     if decision.delete and len(taken[0].members) > limit and not dry_run:
         # one family, too large for a batch (a dry run, which holds nothing, counts it whole)
-        part = leaves_first(taken[0], limit)
-        if part.members:  # its deepest first; the cursor stays on its root
-            decision = PruneDecision(delete=[part], kept={})
+        order = leaves_order(taken[0])
+        if order:  # its deepest first; the cursor stays on its root
+            decision = PruneDecision(delete=[Family(taken[0].root, tuple(order[:limit]))],
+                                     kept={})
             cursor, more, partial = after, True, True
+            rest = tuple(m.id for m in order[limit:])
     kept: dict[str, int] = {}
     for reason in decision.kept.values():
         kept[str(reason)] = kept.get(str(reason), 0) + 1
@@ -526,15 +529,38 @@ def prune(cutoff: datetime, limit: int, after: tuple[datetime, uuid.UUID] | None
             return PruneBatch(roots=1, cursor=(first["updated_at"], _uuid(first["id"])),
                               kept=kept, more=more)
         return PruneBatch(roots=handled, cursor=cursor, kept=kept, more=more)
+    counts = yield from _prune_delete(ids)
+    return PruneBatch(roots=handled, cursor=cursor, kept=kept, more=more, partial=partial,
+                      rest=rest, **counts)
+
+
+def _prune_delete(ids: list[uuid.UUID]) -> Op:
+    """Delete these executions with their messages, history and cron slots, and add the
+    counts to the database's totals (veracity_pruned_total); the counts."""
     messages = yield Query("prune_delete_messages", {"ids": ids})
     history = yield Query("prune_delete_history", {"ids": ids})
     yield Query("prune_delete_cron_slots", {"ids": ids})
     deleted = yield Query("prune_delete_executions", {"ids": ids})
     yield Query("prune_counted", {"executions": len(deleted), "history": len(history),
                                   "messages": len(messages)})
-    return PruneBatch(roots=handled, cursor=cursor, executions=len(deleted),
-                      history=len(history), messages=len(messages), kept=kept, more=more,
-                      partial=partial)
+    return {"executions": len(deleted), "history": len(history), "messages": len(messages)}
+
+
+def prune_rest(cutoff: datetime, limit: int, rest: Sequence[uuid.UUID]) -> Op:
+    """The next part of a family too large for one batch, in the order the batch that read
+    it decided (:func:`leaves_order`: each member after everything below it): the first
+    ``limit`` of ``rest``, once locked and found still ended before the cutoff, unflagged
+    and retried by none that stays. If any is not, nothing goes and ``rest`` is dropped:
+    the next batch reads the family again."""
+    part = list(rest[:limit])
+    locked = yield Query("prune_lock", {"ids": part, "cutoff": cutoff})
+    retried = yield Query("prune_retried_by", {"ids": part})
+    if {_uuid(r["id"]) for r in locked} != set(part) or retried:
+        return PruneBatch(roots=0, cursor=None, kept={"changed": 1}, more=True,
+                          partial=True)
+    counts = yield from _prune_delete(part)
+    return PruneBatch(roots=0, cursor=None, more=True, partial=True,
+                      rest=tuple(rest[limit:]), **counts)
 
 
 def retention_totals() -> Op:

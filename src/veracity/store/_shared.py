@@ -298,13 +298,18 @@ class SharedMethods:
     async def execution_prune(
         self, *, cutoff: datetime, limit: int = 500,
         after: tuple[datetime, uuid.UUID] | None = None, dry_run: bool = False,
+        rest: Sequence[uuid.UUID] = (),
     ) -> PruneBatch:
         require_aware(cutoff)
         if after is not None:
             require_aware(after[0])
         if limit < 1:
             raise ValueError("limit must be at least 1")
-        batch: PruneBatch = await self._op(lambda: _ops.prune(cutoff, limit, after, dry_run))
+        if rest and dry_run:
+            raise ValueError("a dry run deletes no part of a family: it has no rest")
+        batch: PruneBatch = await self._op(
+            (lambda: _ops.prune_rest(cutoff, limit, rest)) if rest
+            else (lambda: _ops.prune(cutoff, limit, after, dry_run)))
         return batch
 
     async def retention_totals(self) -> dict[str, int]:

@@ -525,6 +525,7 @@ class MaintenanceStore(DelegatedWrites, ReadStore, Protocol):
     async def execution_prune(
         self, *, cutoff: datetime, limit: int = 500,
         after: tuple[datetime, uuid.UUID] | None = None, dry_run: bool = False,
+        rest: Sequence[uuid.UUID] = (),
     ) -> PruneBatch:
         """One retention batch (docs/operations.md, Retention): the next ``limit``
         top-level executions that ended before ``cutoff``, oldest end first, after the
@@ -532,7 +533,11 @@ class MaintenanceStore(DelegatedWrites, ReadStore, Protocol):
         ended before the cutoff, none the latest slot of a cron entry nor retried by an
         execution that stays (veracity.core.retention), is deleted with its history,
         messages and cron slots in one transaction. ``dry_run`` counts and deletes
-        nothing. Never a non-terminal execution."""
+        nothing. Never a non-terminal execution. A family larger than ``limit`` goes a
+        part at a time: the batch that reads it deletes its first part and answers the
+        rest of its order (``PruneBatch.rest``); given back as ``rest``, the next batch
+        deletes the next part of it without reading the family again (each checked
+        under its lock), and once it is empty, reads the family again from ``after``."""
 
     async def execution_prune_count(self, *, cutoff: datetime) -> int:
         """How many top-level executions ended before ``cutoff``: the roots a retention
