@@ -260,3 +260,41 @@ async def test_submit_from_file_with_a_key_given_twice_for_different_requests_wr
     assert body["created"].count(False) == 1 and body["created"][1500] is False
     assert body["items"][1500]["id"] == body["items"][5]["id"]
     assert await _count(store) == 2099
+
+
+async def test_ctrl_c_during_a_wait_names_the_execution_waited_on(
+    database_url: str, tmp_path: Path, store: Store
+) -> None:
+    """SIGINT while `submit --wait` or `get --follow` waits: one `error:` line naming the
+    execution (submitted, and going on), exit 1; not click's bare "Aborted!"."""
+    import signal
+
+    env = base_env(database_url)
+
+    async def interrupted(argv: list[str], said: str) -> tuple[int | None, str]:
+        proc = subprocess.Popen([VERACITY, *argv], env=env, cwd=tmp_path, text=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            assert proc.stderr is not None
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stderr.readline), 30)
+            assert said in line, line
+            proc.send_signal(signal.SIGINT)
+            _, err = await asyncio.to_thread(proc.communicate, timeout=30)
+        finally:
+            proc.kill()
+        return proc.returncode, line + err
+
+    code, err = await interrupted(["submit", ORDERS, '"o-1"', "1", "--paused", "--wait"],
+                                  "waiting for it to end")
+    (held,) = await store.execution_list(ExecutionFilter(), limit=10)
+    assert code == 1, err
+    assert err.splitlines()[-1] == (
+        f"error: interrupted while waiting for execution {held.id}; it goes on "
+        f"(`veracity get {held.id} --follow` waits again)"), err
+    assert str(held.status) == "paused"  # submitted, and left as it was
+    code, err = await interrupted(["get", str(held.id), "--follow"],
+                                  f"waiting for {held.id} to end")
+    assert code == 1, err
+    assert err.splitlines()[-1].startswith(
+        f"error: interrupted while waiting for execution {held.id}; it goes on"), err
+    assert "Aborted!" not in err and "Traceback" not in err

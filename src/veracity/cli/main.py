@@ -9,11 +9,13 @@ line click could not parse (its ``Usage:`` message).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -606,6 +608,19 @@ async def _follow(service: ExecutionService, execution: Execution) -> Execution:
     return execution
 
 
+@contextlib.contextmanager
+def _interrupted_wait(waiting: list[uuid.UUID]) -> Iterator[None]:
+    """Ctrl-C (SIGINT) during ``--wait`` or ``--follow``: one ``error:`` line naming the
+    execution waited on (it goes on, submitted or not by this command), exit 1."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not waiting:
+            raise
+        raise Failure(f"interrupted while waiting for execution {waiting[-1]}; it goes on "
+                      f"(`veracity get {waiting[-1]} --follow` waits again)") from None
+
+
 def _show_ended(execution: Execution, as_json: bool) -> None:
     """Print an ended execution, its result whole; exit 1 unless it completed."""
     if as_json:
@@ -667,15 +682,19 @@ def submit(config_path: str | None, database_url: str | None, app: str | None, a
     values = _parse_params(params_json, params)
     when = parse_time("--scheduled-at", scheduled_at)
 
+    waiting: list[uuid.UUID] = []  # the execution a wait is on (said if it is interrupted)
+
     async def go(rt: Runtime) -> tuple[Execution, bool, Execution | None]:
         execution, created = await rt.service.submit(
             ffqn, values, idempotency_key=idempotency_key, scheduled_at=when, paused=paused)
         if wait and not as_json:
             word = "submitted" if created else "already submitted (same idempotency key)"
             click.echo(f"{word}: {execution.id}; waiting for it to end", err=True)
+        waiting.append(execution.id)
         return execution, created, (await _follow(rt.service, execution) if wait else None)
 
-    execution, created, ended = run(with_runtime(settings, go))
+    with _interrupted_wait(waiting):
+        execution, created, ended = run(with_runtime(settings, go))
     if ended is not None:
         _show_ended(ended, as_json)
     elif as_json:
@@ -698,13 +717,19 @@ def get(config_path: str | None, database_url: str | None, app: str | None, as_j
     """Show one execution."""
     settings = settings_from(config_path, database_url=database_url, app=app)
 
+    followed: list[uuid.UUID] = []
+
     async def one(rt: Runtime) -> tuple[Execution, str | None]:
         execution = await rt.service.get(execution_id)
         if follow:
+            followed.append(execution.id)
+            if not execution.status.is_terminal and not as_json:
+                click.echo(f"waiting for {execution.id} to end", err=True)
             return await _follow(rt.service, execution), None
         return execution, (await rt.service.waiting_reasons([execution])).get(execution.id)
 
-    execution, waiting = run(with_runtime(settings, one, read_only=True))
+    with _interrupted_wait(followed):
+        execution, waiting = run(with_runtime(settings, one, read_only=True))
     if follow:
         _show_ended(execution, as_json)
     elif as_json:
