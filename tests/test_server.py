@@ -489,6 +489,22 @@ def test_a_second_server_on_one_sqlite_file_refuses_to_start(tmp_path: Path) -> 
             assert client.get(f"{first.url}/healthz").status_code == 200
 
 
+def test_a_database_that_does_not_answer_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    """The server checks its database before it binds its port: one that refuses the
+    connection is one `error:` line naming it (password hidden) and exit 1, no traceback
+    (uvicorn's own start failure would exit 3 with one)."""
+    port = free_port()
+    url = "postgresql://postgres:secret@127.0.0.1:1/nowhere"
+    result = subprocess.run([VERACITY, "server", "--no-worker"], env=server_env(url, port),
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: the database at postgresql://postgres:***@127.0.0.1:1/"
+                               "nowhere does not answer: connection failed"), lines
+    assert "secret" not in result.stderr and port_is_free(port)
+
+
 def test_a_port_in_use_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     """The port is bound first: one in use is one `error:` line and exit 1, with no
     traceback, and neither the database file nor the server's lock beside it made."""

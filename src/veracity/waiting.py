@@ -55,16 +55,19 @@ class EndWaits:
         if self._closed or timeout <= 0:
             return False
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         future: asyncio.Future[None] = loop.create_future()
         self._waiters.setdefault(execution_id, set()).add(future)
         try:
-            self._start()
-            # signals first, then the check: an end that commits in between is signalled
-            await asyncio.wait_for(self._listening.wait(), max(0.0, deadline - loop.time()))
-            if execution_id in await self.store.execution_ended_among([execution_id]):
-                return True
-            await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+            # cancellation that arrives as what it waits for completes (a Ctrl-C of `get
+            # --follow` would then wait on)
+            async with asyncio.timeout_at(loop.time() + timeout):
+                self._start()
+                # signals first, then the check: an end that commits in between is signalled
+                await self._listening.wait()
+                if execution_id in await self.store.execution_ended_among([execution_id]):
+                    return True
+                await future
             return not self._closed
         except TimeoutError:
             return False

@@ -13,15 +13,15 @@ What they pin:
   notification, psycopg's prepared statements, one single-runner lock holder at a time (and
   the silent holder's lock ended by ``idle_session_timeout``); every Veracity connection
   holds a server connection (the pool must have one for each, or the extra ones wait).
-- **transaction mode**: `veracity migrate` works; a server, a worker and
-  ``AsyncDatabaseClient`` refuse to start (the notification their start sends to their own
-  connection never arrives: PostgresStore.check_session). What running would break, shown
-  with psycopg and the store on their own: psycopg's prepared statements (``prepared
-  statement "_pg3_0" already exists``, and a statement prepared by another client run in
-  place of one's own, with a wrong answer), LISTEN (notifications are dropped), the
-  single-runner lock (two holders at once; a lock left held by a server connection other
-  clients use), the sessions' settings (``jit``, ``plan_cache_mode`` and
-  ``idle_session_timeout`` leak to other clients).
+- **transaction mode**: `veracity migrate` works; a server, a worker, the CLI's other
+  commands and ``AsyncDatabaseClient`` refuse to start (the notification their start
+  sends to their own connection never arrives: PostgresStore.check_session). What
+  running would break, shown with psycopg and the store on their own: psycopg's prepared
+  statements (``prepared statement "_pg3_0" already exists``, and a statement prepared
+  by another client run in place of one's own, with a wrong answer), LISTEN
+  (notifications are dropped), the single-runner lock (two holders at once; a lock left
+  held by a server connection other clients use), the sessions' settings (``jit``,
+  ``plan_cache_mode`` and ``idle_session_timeout`` leak to other clients).
 
 The ``pgbouncer`` binary is needed: where it is missing the tests fail saying to install it
 (``apt-get install pgbouncer``); they are never skipped.
@@ -623,3 +623,32 @@ async def test_the_database_client_refuses_to_open_through_transaction_mode(
     session = bouncers.start("session").url(bouncers.dbname)
     async with AsyncDatabaseClient(session, app="tests.workflows:app") as client:
         assert (await client.submit("test:echo/run.fn", 1)).status == "pending"
+
+
+async def test_the_cli_refuses_to_run_through_transaction_mode_but_migrate(
+    bouncers: Bouncers
+) -> None:
+    """A command that reads or writes executions or tokens checks its session first, as a
+    server does: through transaction mode its statements, once prepared, could run another
+    client's, and `prune`'s single-runner lock and `--wait`'s notifications break. Each
+    refuses in one `error:` line (exit 1), having changed nothing; `migrate` works (its
+    test above). Through session mode the same commands run."""
+    url = bouncers.start("transaction").url(bouncers.dbname)
+    env = worker_env(url)
+    commands = [["list"], ["submit", "test:echo/run.fn", "1"], ["prune", "--older-than", "7d"],
+                ["token", "list"], ["get", str(uuid.uuid4())]]
+    # all at once: each waits the check's 5 s for the notification that never comes
+    running = [subprocess.Popen([veracity_bin(), *argv], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for argv in commands]
+    for argv, proc in zip(commands, running, strict=True):
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1, (argv, err)
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+        assert REFUSED in err and "Connection poolers" in err, err
+    async with await psycopg.AsyncConnection.connect(bouncers.db_url, autocommit=True) as conn:
+        assert await fetch_one(conn, "SELECT count(*) FROM veracity_executions") == 0
+    session = worker_env(bouncers.start("session").url(bouncers.dbname))
+    for argv in commands[:4]:
+        done = subprocess.run([veracity_bin(), *argv], env=session, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, (argv, done.stderr)

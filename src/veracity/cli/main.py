@@ -172,6 +172,10 @@ async def with_runtime(settings: Settings, fn: Callable[[Runtime], Awaitable[T]]
     runtime = await open_runtime(settings, engines=engines, read_only=read_only,
                                  create=False)
     try:
+        # through a pooler in transaction mode its prepared statements could run another
+        # client's, and its locks and waits break: refused, as a server refuses to start
+        # (docs/scaling.md, "Connection poolers")
+        await runtime.store.check_session()
         return await fn(runtime)
     finally:
         await runtime.close()
@@ -271,16 +275,18 @@ def server(config_path: str | None, database_url: str | None, app: str | None,
 
 
 async def _sessions_kept(url: str) -> None:
-    """The server's check that its connections keep their sessions (Store.check_session,
-    docs/scaling.md, "Connection poolers"), before it binds its port, so that it fails in
-    one line; its start checks again. A database that does not answer is left to that
-    start, which waits for it."""
+    """The server's check, before it binds its port, that its database answers and that its
+    connections keep their sessions (Store.check_session, docs/scaling.md, "Connection
+    poolers"), so that it fails in one line (its start checks again)."""
     from veracity.store import open_store
 
     try:
         store = await open_store(url, pool_size=1)
-    except Exception:
-        return
+    except Exception as exc:
+        said = str(exc).strip()
+        first = said.splitlines()[0] if said else type(exc).__name__
+        raise ConfigError(f"the database at {redact_url(url)} does not answer: {first}"
+                          ) from None
     try:
         await store.check_session()
     except ConfigError:
@@ -476,6 +482,7 @@ def prune(config_path: str | None, database_url: str | None, app: str | None,
     async def go() -> RetentionResult:
         store = await open_store(settings.database_url, create=False)
         try:
+            await store.check_session()  # its single-runner lock needs a kept session
             service = RetentionService(store, older_than=seconds)
             cutoff = await service.cutoff()
             if not show_bar:
@@ -1065,6 +1072,7 @@ def token() -> None:
 async def with_tokens(settings: Settings, fn: Callable[[TokenService], Awaitable[T]]) -> T:
     store = await open_store(settings.database_url, create=False)  # never a new file
     try:
+        await store.check_session()  # as with_runtime
         return await fn(TokenService(store))
     finally:
         await store.close()
