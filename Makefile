@@ -56,7 +56,7 @@ PEERS := .venv-peers
 $(PEERS)/.installed: pyproject.toml
 	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
 	$(PEERS)/bin/python -m pip install --quiet --upgrade pip
-	$(PEERS)/bin/python -m pip install --quiet -e . pgqueuer==1.6.0 procrastinate==3.10.0 dbos==3.4.0
+	$(PEERS)/bin/python -m pip install --quiet -e . 'pgqueuer[asyncpg]==1.6.0' asyncpg==0.30.0 procrastinate==3.10.0 dbos==3.4.0
 	touch $(PEERS)/.installed
 
 bench-peers: $(PEERS)/.installed ## Veracity beside PGQueuer, Procrastinate, DBOS and a plain queue (own venv; bench/README.md)

@@ -122,7 +122,9 @@ async def submit_all(system: System, url: str, items: list[tuple[str, str]],
     its share one call at a time."""
     sent: dict[str, float] = {}
     async with system.submitter(url, items[0][0], callers) as submit:
-        await submit(items[0][0], "warm-up")
+        # a no-op for the slow jobs of the kill -9 workload: 16 slow jobs in flight at the
+        # kill, not 17 for systems that run 16 at once
+        await submit("noop" if items[0][0] == "slow" else items[0][0], "warm-up")
 
         async def caller(share: list[tuple[str, str]]) -> None:
             for kind, key in share:

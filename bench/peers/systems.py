@@ -127,13 +127,15 @@ class System:
                 async with AsyncClient(base, timeout=60) as client:
                     yield veracity_submit(client)
         elif self.kind == "pgqueuer":
-            from pgqueuer import PsycopgDriver, Queries
+            import asyncpg
+            from pgqueuer import AsyncpgDriver, Queries
 
-            async with connections(url, callers) as idle_conns:
-                idle = asyncio.Queue[Any]()
-                while not idle_conns.empty():
-                    idle.put_nowait(Queries(PsycopgDriver(idle_conns.get_nowait())))
-
+            # asyncpg, as its docs use it (bench/peers/worker.py), a connection per caller
+            opened = [await asyncpg.connect(url) for _ in range(callers)]
+            idle = asyncio.Queue[Any]()
+            for conn in opened:
+                idle.put_nowait(Queries(AsyncpgDriver(conn)))
+            try:
                 async def pgqueuer(kind: str, key: str) -> None:
                     queries = await idle.get()
                     try:
@@ -142,6 +144,9 @@ class System:
                     finally:
                         idle.put_nowait(queries)
                 yield pgqueuer
+            finally:
+                for conn in opened:
+                    await conn.close()
         elif self.kind == "procrastinate":
             app = procrastinate_app(url)
             async with app.open_async():

@@ -22,6 +22,10 @@ from bench.peers import jobs
 from bench.peers.systems import LEASE_SECONDS, procrastinate_app
 
 RECOVERY_CONCURRENCY = 16
+RECOVERY_POLL = 1.0
+"""Seconds between the checks that find a dead worker's jobs, for every system in the
+kill -9 workload (Veracity's ``recovery.interval``, PGQueuer's ``dequeue_timeout``,
+Procrastinate's ``fetch_job_polling_interval`` and stalled-job check)."""
 
 
 async def plain(url: str, recovery: bool) -> None:
@@ -59,10 +63,14 @@ async def plain(url: str, recovery: bool) -> None:
 
 
 async def pgqueuer(url: str, recovery: bool) -> None:
-    from pgqueuer import PgQueuer, PsycopgDriver
+    # asyncpg, as PGQueuer's quick start and tuning guide use it (its psycopg driver holds
+    # the connection while it waits up to 1 s for a notification, and the worker's own
+    # statements wait behind it)
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, PgQueuer
 
-    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-    pgq = PgQueuer(PsycopgDriver(conn))
+    conn = await asyncpg.connect(url)
+    pgq = PgQueuer(AsyncpgDriver(conn))
 
     @pgq.entrypoint("job")
     async def job(j: Any) -> None:
@@ -70,8 +78,11 @@ async def pgqueuer(url: str, recovery: bool) -> None:
         await jobs.run(payload["kind"], payload["key"])
 
     if recovery:
+        # its polling fallback every second, as Veracity's recovery and Procrastinate's
+        # stalled-job check run here: a dead worker's picked jobs are found by polling
         await pgq.run(heartbeat_timeout=timedelta(seconds=LEASE_SECONDS),
-                      batch_size=RECOVERY_CONCURRENCY)
+                      batch_size=RECOVERY_CONCURRENCY,
+                      dequeue_timeout=timedelta(seconds=RECOVERY_POLL))
     else:
         await pgq.run()
 
@@ -80,7 +91,8 @@ async def procrastinate(url: str, recovery: bool) -> None:
     app = procrastinate_app(url)
     async with app.open_async():
         if not recovery:
-            await app.run_worker_async()
+            # async jobs: many at once, as its docs advise with `concurrency` (one by default)
+            await app.run_worker_async(concurrency=RECOVERY_CONCURRENCY)
             return
 
         async def retry_stalled() -> None:
@@ -93,9 +105,12 @@ async def procrastinate(url: str, recovery: bool) -> None:
                 await asyncio.sleep(1.0)
 
         await asyncio.gather(
+            # a retried job is an UPDATE, which its notify trigger does not announce: the
+            # worker finds it at its poll, every second here as the recovery check runs
             app.run_worker_async(concurrency=RECOVERY_CONCURRENCY,
                                  update_heartbeat_interval=1.0,
-                                 stalled_worker_timeout=LEASE_SECONDS),
+                                 stalled_worker_timeout=LEASE_SECONDS,
+                                 fetch_job_polling_interval=RECOVERY_POLL),
             retry_stalled())
 
 

@@ -272,8 +272,12 @@ async def test_ctrl_c_during_a_wait_names_the_execution_waited_on(
     env = base_env(database_url)
 
     async def interrupted(argv: list[str], said: str) -> tuple[int | None, str]:
+        # SIGINT as a terminal leaves it (a test run started in the background inherits
+        # it ignored, and Python keeps an ignored SIGINT ignored)
         proc = subprocess.Popen([VERACITY, *argv], env=env, cwd=tmp_path, text=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                 signal.SIG_DFL))
         try:
             assert proc.stderr is not None
             line = await asyncio.wait_for(asyncio.to_thread(proc.stderr.readline), 30)
