@@ -180,8 +180,7 @@ def _deadline(timeout: float | None) -> float | None:
     refused as the API refuses such a wait (``invalid_wait``), before any request."""
     if timeout is None:
         return None
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) \
-            or not math.isfinite(timeout) or timeout < 0:
+    if not _seconds(timeout) or timeout < 0:
         raise InvalidRequest(422, "invalid_wait", f"timeout must be a number of seconds, 0 "
                              f"or more, or None (no limit), not {timeout!r}")
     return time.monotonic() + timeout
@@ -205,9 +204,14 @@ def _pause_after(asked: float, began: float) -> float:
     return min(EARLY_PAUSE, asked - elapsed) if elapsed < asked / 2 else 0.0
 
 
+def _seconds(value: object) -> bool:
+    """A finite number (not a bool): a number of seconds, its sign aside."""
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
 def _check_timeout(timeout: float) -> float:
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) \
-            or not math.isfinite(timeout) or timeout <= 0:
+    if not _seconds(timeout) or timeout <= 0:
         raise ValueError(f"timeout must be a number of seconds above 0, not {timeout!r}")
     return float(timeout)
 

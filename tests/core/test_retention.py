@@ -12,7 +12,7 @@ from veracity.core.retention import (
     Member,
     decide_prune,
     families_from,
-    leaves_first,
+    leaves_order,
     within,
 )
 from veracity.core.states import TERMINAL, Status
@@ -121,6 +121,11 @@ def test_families_from_groups_members_by_root_in_first_seen_order() -> None:
     rows = [(r2, member(r2)), (r1, member(r1)), (r1, member(c1))]
     assert families_from(rows) == [Family(r2, (member(r2),)),
                                    Family(r1, (member(r1), member(c1)))]
+
+
+def leaves_first(family: Family, limit: int) -> Family:
+    """The part of ``family`` a batch of ``limit`` deletes first."""
+    return Family(family.root, tuple(leaves_order(family)[:limit]))
 
 
 def tree(root: uuid.UUID, shape: dict[uuid.UUID, list[uuid.UUID]],

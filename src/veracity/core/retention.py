@@ -37,7 +37,7 @@ from enum import StrEnum
 from veracity.core.states import Status
 
 __all__ = ["Family", "KeepReason", "Member", "PruneDecision", "decide_prune", "families_from",
-           "leaves_first", "leaves_order", "within"]
+           "leaves_order", "within"]
 
 
 class KeepReason(StrEnum):
@@ -144,7 +144,7 @@ def families_from(rows: Sequence[tuple[uuid.UUID, Member]]) -> list[Family]:
 
 def within(families: Sequence[Family], limit: int) -> list[Family]:
     """The first families, in order, whose members number at most ``limit`` together; at
-    least the first one, however large (:func:`leaves_first` then takes it in parts)."""
+    least the first one, however large (it then goes in parts: :func:`leaves_order`)."""
     taken: list[Family] = []
     count = 0
     for family in families:
@@ -160,7 +160,8 @@ def leaves_order(family: Family) -> list[Member]:
     left out (they go with the family's last part, the whole decision ruling on them
     then): deepest members first, so that each member comes after everything below it
     and any leading run of the order can go first. A member that an execution retries is
-    held back, and so is everything above it."""
+    held back, and so is everything above it. Any leading run of it is a part that may go
+    first: each member comes after everything below it, its root never in it."""
     parent = {m.id: m.parent_id for m in family.members}
     held: set[uuid.UUID] = set()
     for m in family.members:
@@ -170,9 +171,3 @@ def leaves_order(family: Family) -> list[Member]:
                 held.add(up)
                 up = parent.get(up)
     return sorted((m for m in family.members if m.id not in held), key=lambda m: -m.depth)
-
-
-def leaves_first(family: Family, limit: int) -> Family:
-    """A part of a family to delete before the rest: the first ``limit`` of
-    :func:`leaves_order`, each member with everything below it, its root never."""
-    return Family(family.root, tuple(leaves_order(family)[:limit]))

@@ -454,7 +454,7 @@ def prune(cutoff: datetime, limit: int, after: tuple[datetime, uuid.UUID] | None
     many families as hold at most ``limit`` executions together; the families
     :func:`decide_prune` lets go are deleted with their history, messages and cron slots,
     once locked and found still ended (a dry run counts them and stops there). A family
-    larger than ``limit`` alone goes a part at a time (:func:`leaves_first`): the cursor
+    larger than ``limit`` alone goes a part at a time (:func:`leaves_order`): the cursor
     stays on its root until its last part."""
     roots = yield Query("prune_roots", {
         "cutoff": cutoff, "limit": limit,
