@@ -99,6 +99,15 @@ FILTERS: list[tuple[str, ExecutionFilter]] = [
      ExecutionFilter(statuses=(Status.COMPLETED,), deployment_id="dep-1")),
     ("ffqn_prefix=shop:mail&flagged", ExecutionFilter(ffqn_prefix="shop:mail", flagged=True)),
     ("deployment_id=dep-1&flagged", ExecutionFilter(deployment_id="dep-1", flagged=True)),
+    # since migration 0020: a status in a deployment, a status of several workflows, a
+    # rare workflow in a common deployment, a common status with flagged
+    ("status=failed&deployment_id=dep-1",
+     ExecutionFilter(statuses=(Status.FAILED,), deployment_id="dep-1")),
+    ("status=cancelled&ffqn_prefix=shop:",
+     ExecutionFilter(statuses=(Status.CANCELLED,), ffqn_prefix="shop:")),
+    ("ffqn_prefix=rare:&deployment_id=dep-1",
+     ExecutionFilter(ffqn_prefix="rare:", deployment_id="dep-1")),
+    ("status=completed&flagged", ExecutionFilter(statuses=(Status.COMPLETED,), flagged=True)),
 ]
 """Each filter ``GET /v1/executions`` offers, alone, then a few combined; and
 (``list_pages``) a page far down the unfiltered list, after a cursor in the middle of the

@@ -157,36 +157,38 @@ LIMIT 1
 -- name: execution_get
 SELECT * FROM veracity_executions WHERE id = %(id)s
 
--- name: execution_list
--- Newest first. starts_with() on an FFQN prefix is a range of the index
--- veracity_executions_ffqn_created (of the "C" collation), which finds a rare prefix's rows;
--- the planner picks it, or the list's own order, by the statistics. The filters compare
--- COLLATE "C" expressions: those are what the list's indexes are keyed on (migration 0012).
+-- name: execution_list_flagged
+-- Newest first, the flagged executions (with any other filter): they are few, read newest
+-- first from veracity_executions_flagged_created and the other filters checked on each.
+-- Every other list page reads the status with its other filters (queries below; the
+-- store's list_statement picks one). The filters compare COLLATE "C" expressions, as the
+-- list's other indexes are keyed.
 SELECT * FROM veracity_executions
-WHERE (%(ffqn_prefix)s::text IS NULL
+WHERE flagged_at IS NOT NULL
+  AND (cardinality(%(statuses)s::text[]) = 0
+       OR status COLLATE "C" = ANY (%(statuses)s::text[]))
+  AND (%(ffqn_prefix)s::text IS NULL
        OR starts_with(ffqn COLLATE "C", %(ffqn_prefix)s::text))
   AND (%(deployment_id)s::text IS NULL
        OR deployment_id COLLATE "C" = %(deployment_id)s::text)
   AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
-  AND (%(flagged)s::boolean IS NULL OR (flagged_at IS NOT NULL) = %(flagged)s::boolean)
   AND (%(cursor_at)s::timestamptz IS NULL
        OR (created_at, id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
 -- name: execution_list_by_status
--- The same, for the given statuses: each status's newest rows read in order from the index
--- veracity_executions_status_created (a page costs the page, however rare the status),
--- then merged.
+-- Newest first, without an FFQN prefix, a deployment (each has a query below that reads
+-- it with the status from one index) or `flagged`: each status asked for (or every status,
+-- for a page of no filter, of dates or after a cursor) read newest first from the index
+-- veracity_executions_status_created, then merged: a page costs the page times the number
+-- of statuses, however rare each is and however long the history. (Migration 0020 dropped
+-- the index of the whole list's order that an unfiltered page was read from before.)
 SELECT e.* FROM unnest(%(statuses)s::text[]) AS s (status)
 CROSS JOIN LATERAL (
     SELECT * FROM veracity_executions AS x
     WHERE x.status COLLATE "C" = s.status
-      AND (%(ffqn_prefix)s::text IS NULL
-           OR starts_with(x.ffqn COLLATE "C", %(ffqn_prefix)s::text))
-      AND (%(deployment_id)s::text IS NULL
-           OR x.deployment_id COLLATE "C" = %(deployment_id)s::text)
       AND (%(created_after)s::timestamptz IS NULL
            OR x.created_at > %(created_after)s::timestamptz)
       AND (%(created_before)s::timestamptz IS NULL
@@ -201,10 +203,13 @@ ORDER BY e.created_at DESC, e.id DESC
 LIMIT %(limit)s
 
 -- name: execution_list_by_ffqn
--- The same, for an FFQN prefix without statuses: the distinct workflow names with the
--- prefix, found by skipping through the index veracity_executions_ffqn_created (one probe
--- per name), then each name's newest rows read in order from it, and merged: a page costs
--- the page times the number of workflows with the prefix, whatever the history.
+-- The same, for an FFQN prefix (with or without statuses: without, every status): the
+-- distinct workflow names with the prefix, found by skipping through the index
+-- veracity_executions_ffqn_status_created (one probe per name), then each name's newest
+-- rows of each status read in order from it, and merged: a page costs the page times the
+-- number of (workflow, status) pairs, whatever the history, and a status none of the
+-- names' rows has reads nothing. The status is compared COLLATE "POSIX", the index's key
+-- (migration 0020): no other index can answer the pair.
 WITH RECURSIVE names (ffqn) AS (
     SELECT min(ffqn COLLATE "C") FROM veracity_executions
     WHERE starts_with(ffqn COLLATE "C", %(ffqn_prefix)s::text)
@@ -215,9 +220,11 @@ WITH RECURSIVE names (ffqn) AS (
     FROM names AS n WHERE n.ffqn IS NOT NULL
 )
 SELECT e.* FROM names
+CROSS JOIN unnest(%(statuses)s::text[]) AS s (status)
 CROSS JOIN LATERAL (
     SELECT * FROM veracity_executions AS x
     WHERE x.ffqn COLLATE "C" = names.ffqn
+      AND x.status COLLATE "POSIX" = s.status
       AND (%(deployment_id)s::text IS NULL
            OR x.deployment_id COLLATE "C" = %(deployment_id)s::text)
       AND (%(created_after)s::timestamptz IS NULL
@@ -231,6 +238,29 @@ CROSS JOIN LATERAL (
     LIMIT %(limit)s
 ) AS e
 WHERE names.ffqn IS NOT NULL
+ORDER BY e.created_at DESC, e.id DESC
+LIMIT %(limit)s
+
+-- name: execution_list_by_deployment
+-- The same, for a deployment without an FFQN prefix (with or without statuses: without,
+-- every status): the deployment's newest rows of each status read in order from the index
+-- veracity_executions_deployment_status_created, and merged. Both are compared COLLATE
+-- "POSIX", the index's keys (migration 0020): no other index can answer them.
+SELECT e.* FROM unnest(%(statuses)s::text[]) AS s (status)
+CROSS JOIN LATERAL (
+    SELECT * FROM veracity_executions AS x
+    WHERE x.deployment_id COLLATE "POSIX" = %(deployment_id)s::text
+      AND x.status COLLATE "POSIX" = s.status
+      AND (%(created_after)s::timestamptz IS NULL
+           OR x.created_at > %(created_after)s::timestamptz)
+      AND (%(created_before)s::timestamptz IS NULL
+           OR x.created_at < %(created_before)s::timestamptz)
+      AND (%(flagged)s::boolean IS NULL OR (x.flagged_at IS NOT NULL) = %(flagged)s::boolean)
+      AND (%(cursor_at)s::timestamptz IS NULL
+           OR (x.created_at, x.id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid))
+    ORDER BY x.created_at DESC, x.id DESC
+    LIMIT %(limit)s
+) AS e
 ORDER BY e.created_at DESC, e.id DESC
 LIMIT %(limit)s
 

@@ -113,6 +113,40 @@ def row_to_execution(row: Row) -> Execution:
     return _ops.execution_from(row)
 
 
+ALL_STATUSES = sorted(str(s) for s in Status)
+
+
+def list_statement(filter: ExecutionFilter, *, limit: int, after: ListCursor | None = None
+                   ) -> tuple[str, dict[str, Any]]:
+    """The query of a list page for ``filter`` and its parameters (queries.sql;
+    docs/operations.md, What a list page costs): ``flagged`` rows are few, read from their
+    own index with any other filter checked on each; otherwise a prefix, a deployment or
+    neither is read with each status asked for (or every status) from its (name,
+    status), (deployment, status) or status index."""
+    statuses = sorted({str(s) for s in filter.statuses})
+    if filter.flagged:
+        return _list_params("execution_list_flagged", statuses, filter, limit, after)
+    name = ("execution_list_by_ffqn" if filter.ffqn_prefix is not None
+            else "execution_list_by_deployment" if filter.deployment_id is not None
+            else "execution_list_by_status")
+    return _list_params(name, statuses or ALL_STATUSES, filter, limit, after)
+
+
+def _list_params(name: str, statuses: list[str], filter: ExecutionFilter, limit: int,
+                 after: ListCursor | None) -> tuple[str, dict[str, Any]]:
+    return name, {
+        "statuses": statuses,
+        "ffqn_prefix": filter.ffqn_prefix,
+        "deployment_id": filter.deployment_id,
+        "created_after": filter.created_after,
+        "created_before": filter.created_before,
+        "flagged": filter.flagged,
+        "cursor_at": after.created_at if after else None,
+        "cursor_id": after.id if after else None,
+        "limit": limit,
+    }
+
+
 def handoff_channel(owner: str) -> str:
     """The channel a worker hears its hand-offs on (docs/workers.md, "Hand-off to an idle
     worker"): a valid identifier whatever the worker's id."""
@@ -497,23 +531,7 @@ class PostgresStore(SharedMethods):
     ) -> list[Execution]:
         check_filter(filter)
         require_aware(after.created_at if after else None)
-        statuses = sorted({str(s) for s in filter.statuses})
-        return await self._executions(
-            "execution_list_by_status" if statuses
-            else "execution_list_by_ffqn" if filter.ffqn_prefix is not None
-            else "execution_list",
-            {
-                "statuses": statuses,
-                "ffqn_prefix": filter.ffqn_prefix,
-                "deployment_id": filter.deployment_id,
-                "created_after": filter.created_after,
-                "created_before": filter.created_before,
-                "flagged": filter.flagged,
-                "cursor_at": after.created_at if after else None,
-                "cursor_id": after.id if after else None,
-                "limit": limit,
-            },
-        )
+        return await self._executions(*list_statement(filter, limit=limit, after=after))
 
     async def history_list(
         self, execution_id: uuid.UUID, *, after_seq: int = 0, limit: int = 1000
