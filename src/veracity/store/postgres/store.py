@@ -360,7 +360,8 @@ class PostgresStore(SharedMethods):
         return self._clock.now()
 
     async def _fetchall(self, name: str, params: Mapping[str, Any],
-                        rows: AsyncRowFactory[Any] = dict_row) -> list[Any]:
+                        rows: AsyncRowFactory[Any] = dict_row, *,
+                        planning: str | None = None) -> list[Any]:
         """Run one statement, its rows as ``rows`` makes them (mappings by default). If its
         connection turns out to be dead (the backend was terminated, the server restarted),
         check the pool and try again on a fresh one.
@@ -369,15 +370,22 @@ class PostgresStore(SharedMethods):
         connection died between the commit and its answer: every statement here is safe to
         repeat then (a repeated fenced write is refused and kept as a late report; a
         repeated submission finds its own row by id; a lost claim expires and is recovered).
-        """
+
+        ``planning``: the name of a statement of ``SET LOCAL`` planner settings, run first
+        in a transaction with this one (a list page's, ``list_planning``)."""
         for attempt in range(RETRIES + 1):
             broken = False
             try:
                 async with self._pool.connection() as conn:
                     try:
                         cur = conn.cursor(row_factory=rows)
-                        await cur.execute(_q(name), params)
-                        return cast(list[Any], await cur.fetchall())
+                        if planning is None:
+                            await cur.execute(_q(name), params)
+                            return cast(list[Any], await cur.fetchall())
+                        async with conn.transaction():
+                            await conn.execute(_q(planning))
+                            await cur.execute(_q(name), params)
+                            return cast(list[Any], await cur.fetchall())
                     except psycopg.OperationalError:
                         broken = conn.broken or conn.closed
                         raise
@@ -531,7 +539,9 @@ class PostgresStore(SharedMethods):
     ) -> list[Execution]:
         check_filter(filter)
         require_aware(after.created_at if after else None)
-        return await self._executions(*list_statement(filter, limit=limit, after=after))
+        name, params = list_statement(filter, limit=limit, after=after)
+        return cast(list[Execution], await self._fetchall(
+            name, params, execution_rows, planning="list_planning"))
 
     async def history_list(
         self, execution_id: uuid.UUID, *, after_seq: int = 0, limit: int = 1000
