@@ -106,7 +106,7 @@ LIMIT :limit
 
 -- name: execution_list_ffqns
 -- The workflow names with the prefix :ffqn_prefix, each found by one probe of
--- veracity_executions_ffqn_created: the names with a prefix are the range
+-- veracity_executions_ffqn_status_created: the names with a prefix are the range
 -- [:ffqn_prefix, :ffqn_end) of its BINARY order (:ffqn_end from the store).
 WITH RECURSIVE names (ffqn) AS (
     SELECT min(CAST(ffqn AS TEXT)) FROM veracity_executions

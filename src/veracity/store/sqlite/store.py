@@ -155,20 +155,24 @@ def _list_query(lead: str) -> str:
 
 
 _LEADS = {
-    "status": ("CAST(status AS TEXT) = :status", "status"),
-    "ffqn": ("CAST(ffqn AS TEXT) = :ffqn", "ffqn"),
-    "deployment": ("CAST(deployment_id AS TEXT) = :deployment_id", "deployment_id"),
-    "flagged": ("flagged_at IS NOT NULL", ""),
+    "status": "CAST(status AS TEXT) = :status",
+    "ffqn": "CAST(ffqn AS TEXT) = :ffqn AND CAST(status AS TEXT) = :status",
+    "deployment": "CAST(deployment_id AS TEXT) = :deployment_id AND CAST(status AS TEXT) = :status",
+    "flagged": "flagged_at IS NOT NULL",
 }
-"""Each filter a page can be read by: the term its index (migration 0017's, 0012's for the
-flagged ones) is keyed on, and the parameter that term takes."""
+"""Each filter a page can be read by: the term its index is keyed on (migration 0017's
+status index, 0020's of a workflow name or a deployment with the status, 0012's of the
+flagged ones). A name or a deployment is read one status at a time: each value of a
+lead is the parameters its term takes."""
 
-_LIST = {key: _list_query(term) for key, (term, _) in _LEADS.items()}
+ALL_STATUSES = sorted(str(s) for s in Status)
+
+_LIST = {key: _list_query(term) for key, term in _LEADS.items()}
 """The list's page by its leading filter."""
 
 _COUNT = {key: "SELECT count(*) AS n FROM (SELECT 1 FROM veracity_executions WHERE "
                f"{term} AND created_at > :lower_at AND (created_at, id) < (:upper_at, "
-               ":upper_id) LIMIT :cap)" for key, (term, _) in _LEADS.items()}
+               ":upper_id) LIMIT :cap)" for key, term in _LEADS.items()}
 """How many rows a filter's index holds in the page's range, counted up to :cap (its
 entries only: the rows are not read)."""
 
@@ -482,29 +486,32 @@ class SqliteStore(SharedMethods):
         conn = self._c()
         conn.execute("BEGIN")
         try:
-            leads: list[tuple[str, list[str]]] = []  # each filter given, in this order
-            if filter.statuses:
-                leads.append(("status", sorted({str(s) for s in filter.statuses})))
+            leads: list[tuple[str, list[dict[str, str]]]] = []  # each filter given
+            statuses = sorted({str(s) for s in filter.statuses})
+            each = statuses or ALL_STATUSES  # a name's or a deployment's, one at a time
+            if statuses:
+                leads.append(("status", [{"status": s} for s in statuses]))
             if filter.ffqn_prefix is not None:
                 found = conn.execute(Q["execution_list_ffqns"], {
                     "ffqn_prefix": filter.ffqn_prefix,
                     "ffqn_end": _prefix_end(filter.ffqn_prefix)}).fetchall()
-                leads.append(("ffqn", [r["ffqn"] for r in found]))
+                leads.append(("ffqn", [{"ffqn": r["ffqn"], "status": s}
+                                       for r in found for s in each]))
             if filter.deployment_id is not None:
-                leads.append(("deployment", [filter.deployment_id]))
+                leads.append(("deployment", [{"deployment_id": filter.deployment_id,
+                                              "status": s} for s in each]))
             if filter.flagged:
-                leads.append(("flagged", [""]))
+                leads.append(("flagged", [{}]))
             if not leads:
                 pages = [conn.execute(Q["execution_list"], params).fetchall()]
             else:
                 key, values = self._lead(conn, leads, params)
-                if key == "status":  # the leading term checks it: its own is left out
+                if key != "flagged":  # the leading term checks the status: its own is out
                     params = {**params, "statuses": None}
-                elif key == "ffqn":  # each name found has the prefix
+                if key == "ffqn":  # each name found has the prefix
                     params = {**params, "ffqn_prefix": None}
-                name = _LEADS[key][1]
-                pages = [conn.execute(_LIST[key], {**params, name: v} if name else params
-                                      ).fetchall() for v in values]
+                pages = [conn.execute(_LIST[key], {**params, **v}).fetchall()
+                         for v in values]
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -515,8 +522,8 @@ class SqliteStore(SharedMethods):
         return list(itertools.islice(merged, params["limit"]))
 
     @staticmethod
-    def _lead(conn: sqlite3.Connection, leads: list[tuple[str, list[str]]],
-              params: dict[str, Any]) -> tuple[str, list[str]]:
+    def _lead(conn: sqlite3.Connection, leads: list[tuple[str, list[dict[str, str]]]],
+              params: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
         """The filter a page of several is read by: the one whose index holds the fewest
         rows in the page's range (each value counted up to LEAD_CAP_PAGES pages), the
         first given on a tie. SQLite plans without statistics: reading a common status
@@ -528,14 +535,12 @@ class SqliteStore(SharedMethods):
             cap = pages * params["limit"]
             counted = []
             for key, values in leads:
-                name = _LEADS[key][1]
                 total = 0
                 for v in values:
-                    args = {"lower_at": params["lower_at"], "upper_at": params["upper_at"],
-                            "upper_id": params["upper_id"], "cap": cap - total}
-                    if name:
-                        args[name] = v
-                    total += conn.execute(_COUNT[key], args).fetchone()["n"]
+                    total += conn.execute(_COUNT[key], {
+                        "lower_at": params["lower_at"], "upper_at": params["upper_at"],
+                        "upper_id": params["upper_id"], "cap": cap - total, **v,
+                    }).fetchone()["n"]
                     if total >= cap:
                         break
                 counted.append(total)
