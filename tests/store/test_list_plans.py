@@ -555,7 +555,7 @@ def test_every_combination_answers_what_reading_every_row_would(filled: str) -> 
                              "FROM veracity_executions").fetchall()
     newest = sorted(table, key=lambda r: (r[5], r[0]), reverse=True)
     statuses = [None, (Status.COMPLETED,), (Status.FAILED,), (Status.CANCELLED, Status.BLOCKED)]
-    prefixes = [None, "rare:", "shop:mail", "shop:"]
+    prefixes = [None, "rare:", "shop:mail", "shop:", ""]
     deployments = [None, "dep-1", "dep-rare"]
     flags = [None, True, False]
     bounds = [None, datetime(2030, 1, 1, 3, tzinfo=UTC)]
@@ -587,7 +587,7 @@ def test_every_combination_answers_what_reading_every_row_would(filled: str) -> 
             await store.close()
         return checked
 
-    assert run_async(pages()) == 4 * 4 * 3 * 3 * 2
+    assert run_async(pages()) == 4 * 5 * 3 * 3 * 2
 
 
 NEW_ROWS = [

@@ -299,7 +299,7 @@ def test_every_combination_answers_what_reading_every_row_would(filled: Path) ->
                              "FROM veracity_executions").fetchall()
     newest = sorted(table, key=lambda r: (r["created_at"], r["id"]), reverse=True)
     statuses = [None, (Status.COMPLETED,), (Status.FAILED,), (Status.CANCELLED, Status.BLOCKED)]
-    prefixes = [None, "rare:", "shop:mail", "shop:"]
+    prefixes = [None, "rare:", "shop:mail", "shop:", ""]
     deployments = [None, "dep-1", "dep-rare"]
     flags = [None, True, False]
 

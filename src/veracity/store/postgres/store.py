@@ -126,7 +126,8 @@ def list_statement(filter: ExecutionFilter, *, limit: int, after: ListCursor | N
     statuses = sorted({str(s) for s in filter.statuses})
     if filter.flagged:
         return _list_params("execution_list_flagged", statuses, filter, limit, after)
-    name = ("execution_list_by_ffqn" if filter.ffqn_prefix is not None
+    # (an empty prefix is every workflow's: read as no prefix)
+    name = ("execution_list_by_ffqn" if filter.ffqn_prefix
             else "execution_list_by_deployment" if filter.deployment_id is not None
             else "execution_list_by_status")
     return _list_params(name, statuses or ALL_STATUSES, filter, limit, after)

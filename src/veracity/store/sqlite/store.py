@@ -491,7 +491,7 @@ class SqliteStore(SharedMethods):
             each = statuses or ALL_STATUSES  # a name's or a deployment's, one at a time
             if statuses:
                 leads.append(("status", [{"status": s} for s in statuses]))
-            if filter.ffqn_prefix is not None:
+            if filter.ffqn_prefix:  # (an empty one is every workflow's: no filter)
                 found = conn.execute(Q["execution_list_ffqns"], {
                     "ffqn_prefix": filter.ffqn_prefix,
                     "ffqn_end": _prefix_end(filter.ffqn_prefix)}).fetchall()
