@@ -384,7 +384,7 @@ class PostgresStore(SharedMethods):
                             await cur.execute(_q(name), params)
                             return cast(list[Any], await cur.fetchall())
                         async with conn.transaction():
-                            await conn.execute(_q(planning))
+                            await conn.execute(_q(planning), prepare=False)
                             await cur.execute(_q(name), params)
                             return cast(list[Any], await cur.fetchall())
                     except psycopg.OperationalError:

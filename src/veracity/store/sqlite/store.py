@@ -161,7 +161,7 @@ _LEADS = {
     "flagged": "flagged_at IS NOT NULL",
 }
 """Each filter a page can be read by: the term its index is keyed on (migration 0017's
-status index, 0020's of a workflow name or a deployment with the status, 0012's of the
+status index, 0021's of a workflow name or a deployment with the status, 0012's of the
 flagged ones). A name or a deployment is read one status at a time: each value of a
 lead is the parameters its term takes."""
 
