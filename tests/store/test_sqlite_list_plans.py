@@ -108,7 +108,8 @@ FILTERS: list[tuple[str, ExecutionFilter, str, int]] = [
 
 
 class Recording:
-    """The store's connection, recording each statement it runs with its parameters."""
+    """The store's connection, recording each statement it runs with its parameters (on
+    the connection or on a cursor of it)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
@@ -118,8 +119,29 @@ class Recording:
         self.seen.append((sql, params))
         return self.conn.execute(sql, params)
 
+    def cursor(self) -> RecordingCursor:
+        return RecordingCursor(self.conn.cursor(), self.seen)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.conn, name)
+
+
+class RecordingCursor:
+    """A cursor of the store's connection, recording each statement it runs."""
+
+    def __init__(self, cursor: sqlite3.Cursor, seen: list[tuple[str, Any]]) -> None:
+        object.__setattr__(self, "_cursor", cursor)
+        object.__setattr__(self, "_seen", seen)
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        self._seen.append((sql, params))
+        return cast(sqlite3.Cursor, self._cursor.execute(sql, params))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._cursor, name, value)
 
 
 @pytest.fixture(scope="module")

@@ -104,6 +104,10 @@ WHERE true
 ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
+-- name: execution_list_rows
+-- The rows of a page whose keys were merged from several reads (SqliteStore._list_rows).
+SELECT * FROM veracity_executions WHERE id IN (SELECT value FROM json_each(:ids))
+
 -- name: execution_list_ffqns
 -- The workflow names with the prefix :ffqn_prefix, each found by one probe of
 -- veracity_executions_ffqn_status_created: the names with a prefix are the range

@@ -170,6 +170,12 @@ ALL_STATUSES = sorted(str(s) for s in Status)
 _LIST = {key: _list_query(term) for key, term in _LEADS.items()}
 """The list's page by its leading filter."""
 
+_KEYS = {key: query.replace("SELECT * FROM veracity_executions\n",
+                            "SELECT created_at, id FROM veracity_executions\n", 1)
+         for key, query in _LIST.items()}
+"""The same page's keys alone, newest first (the rows fetched once the pages of several
+values are merged: a prefix of many workflows reads each one's keys, not its rows)."""
+
 _COUNT = {key: "SELECT count(*) AS n FROM (SELECT 1 FROM veracity_executions WHERE "
                f"{term} AND created_at > :lower_at AND (created_at, id) < (:upper_at, "
                ":upper_id) LIMIT :cap)" for key, term in _LEADS.items()}
@@ -510,8 +516,18 @@ class SqliteStore(SharedMethods):
                     params = {**params, "statuses": None}
                 if key == "ffqn":  # each name found has the prefix
                     params = {**params, "ffqn_prefix": None}
-                pages = [conn.execute(_LIST[key], {**params, **v}).fetchall()
-                         for v in values]
+                if len(values) <= 1:  # (none: a prefix no workflow has)
+                    pages = [conn.execute(_LIST[key], {**params, **v}).fetchall()
+                             for v in values] or [[]]
+                else:  # each value's keys, merged; then the page's rows
+                    plain = conn.cursor()
+                    plain.row_factory = None  # (created_at, id) tuples, as they compare
+                    keys = heapq.merge(*(plain.execute(_KEYS[key], {**params, **v}).fetchall()
+                                         for v in values), reverse=True)
+                    ids = [k[1] for k in itertools.islice(keys, params["limit"])]
+                    by_id = {r["id"]: r for r in conn.execute(
+                        Q["execution_list_rows"], {"ids": _dumps(ids)})}
+                    pages = [[by_id[i] for i in ids]]
         except BaseException:
             conn.execute("ROLLBACK")
             raise
