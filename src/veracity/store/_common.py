@@ -168,6 +168,11 @@ def check_new(new: NewExecution) -> None:
     require_aware(new.scheduled_at)
 
 
+LIST_STATUSES: list[str] = sorted(str(s) for s in Status)
+"""Every status, in the order a list page without a status filter reads them one at a time
+(each backend's list by a workflow name or a deployment, keyed on the status too)."""
+
+
 def check_filter(filter: ExecutionFilter) -> None:
     require_aware(filter.created_after, filter.created_before)
 

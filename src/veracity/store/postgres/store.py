@@ -47,6 +47,7 @@ from veracity.models import (
 )
 from veracity.store import _ops
 from veracity.store._common import (
+    LIST_STATUSES,
     REPEATED_IN_BATCH,
     Leave,
     RunnerLock,
@@ -113,9 +114,6 @@ def row_to_execution(row: Row) -> Execution:
     return _ops.execution_from(row)
 
 
-ALL_STATUSES = sorted(str(s) for s in Status)
-
-
 def list_statement(filter: ExecutionFilter, *, limit: int, after: ListCursor | None = None
                    ) -> tuple[str, dict[str, Any]]:
     """The query of a list page for ``filter`` and its parameters (queries.sql;
@@ -130,7 +128,7 @@ def list_statement(filter: ExecutionFilter, *, limit: int, after: ListCursor | N
     name = ("execution_list_by_ffqn" if filter.ffqn_prefix
             else "execution_list_by_deployment" if filter.deployment_id is not None
             else "execution_list_by_status")
-    return _list_params(name, statuses or ALL_STATUSES, filter, limit, after)
+    return _list_params(name, statuses or LIST_STATUSES, filter, limit, after)
 
 
 def _list_params(name: str, statuses: list[str], filter: ExecutionFilter, limit: int,

@@ -53,6 +53,7 @@ from veracity.models import (
 )
 from veracity.store import _ops
 from veracity.store._common import (
+    LIST_STATUSES,
     REPEATED_IN_BATCH,
     Leave,
     RunnerLock,
@@ -165,14 +166,18 @@ status index, 0021's of a workflow name or a deployment with the status, 0012's 
 flagged ones). A name or a deployment is read one status at a time: each value of a
 lead is the parameters its term takes."""
 
-ALL_STATUSES = sorted(str(s) for s in Status)
-
 _LIST = {key: _list_query(term) for key, term in _LEADS.items()}
 """The list's page by its leading filter."""
 
-_KEYS = {key: query.replace("SELECT * FROM veracity_executions\n",
-                            "SELECT created_at, id FROM veracity_executions\n", 1)
-         for key, query in _LIST.items()}
+def _keys_query(query: str) -> str:
+    """``query`` (a page of _LIST) answering the rows' (created_at, id) alone."""
+    rows = "\nSELECT * FROM veracity_executions\n"
+    if rows not in query:  # pragma: no cover - the file is ours
+        raise RuntimeError("queries.sql: execution_list does not select * first")
+    return query.replace(rows, "\nSELECT created_at, id FROM veracity_executions\n", 1)
+
+
+_KEYS = {key: _keys_query(query) for key, query in _LIST.items()}
 """The same page's keys alone, newest first (the rows fetched once the pages of several
 values are merged: a prefix of many workflows reads each one's keys, not its rows)."""
 
@@ -487,14 +492,15 @@ class SqliteStore(SharedMethods):
 
     def _list_rows(self, filter: ExecutionFilter, params: dict[str, Any]) -> list[sqlite3.Row]:
         """A page of the list, read from the index of its leading filter (queries.sql,
-        execution_list): one query per status or per workflow name with the prefix, their
-        pages merged, all in one read transaction (one snapshot)."""
+        execution_list): one query per value of it (a status; a workflow name with the
+        prefix, or the deployment, and a status), their keys merged and the page's rows
+        read, all in one read transaction (one snapshot)."""
         conn = self._c()
         conn.execute("BEGIN")
         try:
             leads: list[tuple[str, list[dict[str, str]]]] = []  # each filter given
             statuses = sorted({str(s) for s in filter.statuses})
-            each = statuses or ALL_STATUSES  # a name's or a deployment's, one at a time
+            each = statuses or LIST_STATUSES  # a name's or a deployment's, one at a time
             if statuses:
                 leads.append(("status", [{"status": s} for s in statuses]))
             if filter.ffqn_prefix:  # (an empty one is every workflow's: no filter)
@@ -509,16 +515,17 @@ class SqliteStore(SharedMethods):
             if filter.flagged:
                 leads.append(("flagged", [{}]))
             if not leads:
-                pages = [conn.execute(Q["execution_list"], params).fetchall()]
+                page = conn.execute(Q["execution_list"], params).fetchall()
             else:
                 key, values = self._lead(conn, leads, params)
                 if key != "flagged":  # the leading term checks the status: its own is out
                     params = {**params, "statuses": None}
                 if key == "ffqn":  # each name found has the prefix
                     params = {**params, "ffqn_prefix": None}
-                if len(values) <= 1:  # (none: a prefix no workflow has)
-                    pages = [conn.execute(_LIST[key], {**params, **v}).fetchall()
-                             for v in values] or [[]]
+                if not values:  # a prefix no workflow has
+                    page = []
+                elif len(values) == 1:
+                    page = conn.execute(_LIST[key], {**params, **values[0]}).fetchall()
                 else:  # each value's keys, merged; then the page's rows
                     plain = conn.cursor()
                     plain.row_factory = None  # (created_at, id) tuples, as they compare
@@ -527,15 +534,12 @@ class SqliteStore(SharedMethods):
                     ids = [k[1] for k in itertools.islice(keys, params["limit"])]
                     by_id = {r["id"]: r for r in conn.execute(
                         Q["execution_list_rows"], {"ids": _dumps(ids)})}
-                    pages = [[by_id[i] for i in ids]]
+                    page = [by_id[i] for i in ids]
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
-        if len(pages) == 1:
-            return pages[0]
-        merged = heapq.merge(*pages, key=lambda r: (r["created_at"], r["id"]), reverse=True)
-        return list(itertools.islice(merged, params["limit"]))
+        return page
 
     @staticmethod
     def _lead(conn: sqlite3.Connection, leads: list[tuple[str, list[dict[str, str]]]],
