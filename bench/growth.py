@@ -1,7 +1,7 @@
 """Cost that does not grow with history, on PostgreSQL (docs/operations.md, Retention).
 
-One scratch database is measured empty, then again after it is filled with terminal
-executions up to each size in ``--sizes`` (default: 1,000,000). Filling inserts top-level
+Two scratch databases: one stays empty, the other is filled with terminal executions up to
+each size in ``--sizes`` (default: 1,000,000) and measured at each. Filling inserts top-level
 executions straight into the tables (99 % ``completed``, 1 % ``failed``, 0.1 %
 ``cancelled``, 0.01 % ``failed_transient`` and flagged ``forced``; four FFQNs, and one
 row in 100,000 of a fifth, ``rare:``; three deployments; three history events each),
@@ -12,7 +12,9 @@ ended over the last 40 days, then VACUUM ANALYZE. At each size:
   them; the rate is N over the time from the first claim to the last completion, both the
   database's clock (as bench/workers.py). Each run starts right after a ``CHECKPOINT``
   (``_checkpoint``). Median of ``--runs`` runs (default 4: a drain of 5,000 lasts half a
-  second on a fast machine, and two were not enough; bench/README.md, Growth).
+  second on a fast machine, and two were not enough; bench/README.md, Growth), each beside
+  a run on the empty database, alternating (``interleaved_claims``): the machine's speed
+  changes within minutes here, and the ratio compares runs of the same minutes.
 - list pages: each filter ``GET /v1/executions`` offers, and a few combinations (a status
   with a prefix none of its rows has among them), its first page of 50 through the
   store (``execution_list``, in process: the query, not HTTP); the median of 20 calls
@@ -237,9 +239,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--executions", type=int, default=5000)
     parser.add_argument("--runs", type=int, default=4)
     args = parser.parse_args(argv)
-    sizes = [0, *(int(s) for s in args.sizes.split(",") if s.strip())]
-    with scratch_pg_database() as url:
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    # two scratch databases: ``empty`` stays empty, ``url`` is filled; at each size the
+    # claims alternate between them, so both rates are measured in the same minutes
+    with scratch_pg_database() as empty, scratch_pg_database() as url:
+        asyncio.run(migrate(empty))
         asyncio.run(migrate(url))
+        pages = asyncio.run(list_pages(empty))
+        print("growth   postgresql  0 terminal executions: first list page (50), median "
+              "ms: " + ", ".join(f"{k} {v:.2f}" for k, v in pages.items()))
         have = 0
         for size in sizes:
             if size > have:
@@ -247,10 +255,13 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"growth   postgresql  filled to {size:,} terminal executions "
                       f"({3 * size:,} history rows) in {took:.0f} s")
                 have = size
-            rates = [claims(url, args.executions) for _ in range(args.runs)]
+            filled, base = interleaved_claims(empty, url, args.executions, args.runs)
             print(f"growth   postgresql  {size:,} terminal executions: 1 worker (defaults) "
-                  f"drains {args.executions:,} no-ops at {statistics.median(rates):,.0f}/s "
-                  f"(runs: {', '.join(f'{r:,.0f}' for r in rates)})")
+                  f"drains {args.executions:,} no-ops at {statistics.median(filled):,.0f}/s "
+                  f"(runs: {', '.join(f'{r:,.0f}' for r in filled)}); the empty table, "
+                  f"runs interleaved: {statistics.median(base):,.0f}/s "
+                  f"(runs: {', '.join(f'{r:,.0f}' for r in base)}): "
+                  f"{statistics.median(filled) / statistics.median(base):.0%}")
             pages = asyncio.run(list_pages(url))
             print(f"growth   postgresql  {size:,} terminal executions: first list page "
                   "(50), median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in pages.items()))
@@ -259,6 +270,19 @@ def main(argv: list[str] | None = None) -> None:
             print(f"growth   postgresql  prune of {have:,}: {deleted:,} executions and "
                   f"{history:,} history rows that ended over 30 days ago deleted in "
                   f"{took:.1f} s: {deleted / took:,.0f} executions/s")
+
+
+def interleaved_claims(empty: str, filled: str, n: int,
+                       runs: int) -> tuple[list[float], list[float]]:
+    """``runs`` drains on each database, alternating, the first of each pair switching
+    sides every run: (the filled table's rates, the empty table's)."""
+    on_filled: list[float] = []
+    on_empty: list[float] = []
+    for run in range(runs):
+        order = [(filled, on_filled), (empty, on_empty)]
+        for database, rates in order if run % 2 == 0 else reversed(order):
+            rates.append(claims(database, n))
+    return on_filled, on_empty
 
 
 if __name__ == "__main__":
