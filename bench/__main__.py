@@ -14,6 +14,7 @@ from bench import (
     engine,
     generations,
     growth,
+    prefix_pages,
     reconciler,
     scaling,
     startup,
@@ -42,6 +43,7 @@ def main() -> None:
     dashboard.main([])
     generations.main([])
     growth.main([])
+    prefix_pages.main([])
 
 
 if __name__ == "__main__":

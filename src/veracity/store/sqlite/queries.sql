@@ -83,10 +83,11 @@ SELECT * FROM veracity_executions WHERE id = :id
 -- name: execution_list
 -- Newest first; SqliteStore.execution_list runs it with its first term, `true`, replaced
 -- by the term of the index its page is read from: a status leads (one page per status
--- asked for, merged), else a workflow name (one page per name with the FFQN prefix, found
--- by execution_list_ffqns, merged), else a deployment, else flagged=true, as on
--- PostgreSQL; with none of them, `true` stays and the page is read from
--- veracity_executions_created. Each leading term compares the expression its index
+-- asked for, merged), else a workflow name and a status (one page per pair with the FFQN
+-- prefix, found by execution_list_pairs, or per name of execution_list_ffqns and status
+-- asked for, merged), else a deployment, else flagged=true, as on PostgreSQL; with none
+-- of them, `true` stays and the page is read from veracity_executions_created, as it is
+-- for a prefix of many workflows first (SqliteStore._window_page). Each leading term compares the expression its index
 -- (migration 0017) is keyed on, which no other query names; the other filters are
 -- skipped when their parameter is NULL, a form no index can answer, and checked on each
 -- row read. The dates and the cursor are bounds of the index's range, always given (the
@@ -111,7 +112,8 @@ SELECT * FROM veracity_executions WHERE id IN (SELECT value FROM json_each(:ids)
 -- name: execution_list_ffqns
 -- The workflow names with the prefix :ffqn_prefix, each found by one probe of
 -- veracity_executions_ffqn_status_created: the names with a prefix are the range
--- [:ffqn_prefix, :ffqn_end) of its BINARY order (:ffqn_end from the store).
+-- [:ffqn_prefix, :ffqn_end) of its BINARY order (:ffqn_end from the store). The first
+-- :cap of them (-1: all): the names are found one probe at a time, as they are read.
 WITH RECURSIVE names (ffqn) AS (
     SELECT min(CAST(ffqn AS TEXT)) FROM veracity_executions
     WHERE CAST(ffqn AS TEXT) >= :ffqn_prefix AND CAST(ffqn AS TEXT) < :ffqn_end
@@ -121,6 +123,53 @@ WITH RECURSIVE names (ffqn) AS (
     FROM names AS n WHERE n.ffqn IS NOT NULL
 )
 SELECT ffqn FROM names WHERE ffqn IS NOT NULL
+LIMIT :cap
+
+-- name: execution_list_pairs
+-- The (workflow name, status) pairs with the prefix :ffqn_prefix that have rows, in the
+-- order of veracity_executions_ffqn_status_created, each step found by a few probes of it:
+-- the next status of the same name, else the first status of the next name with the
+-- prefix (the range [:ffqn_prefix, :ffqn_end) of its BINARY order). A prefix without a
+-- status filter is read pair by pair: a workflow's statuses it has none of cost nothing.
+-- The first :cap of them (-1: all), found as they are read.
+WITH RECURSIVE pairs (ffqn, status) AS (
+    VALUES (:ffqn_prefix, '')
+    UNION ALL
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM veracity_executions AS x
+                             WHERE CAST(x.ffqn AS TEXT) = p.ffqn
+                               AND CAST(x.status AS TEXT) > p.status)
+                THEN p.ffqn
+                ELSE (SELECT CAST(x.ffqn AS TEXT) FROM veracity_executions AS x
+                      WHERE CAST(x.ffqn AS TEXT) > p.ffqn
+                        AND CAST(x.ffqn AS TEXT) < :ffqn_end
+                      ORDER BY CAST(x.ffqn AS TEXT) LIMIT 1) END,
+           coalesce((SELECT CAST(x.status AS TEXT) FROM veracity_executions AS x
+                     WHERE CAST(x.ffqn AS TEXT) = p.ffqn
+                       AND CAST(x.status AS TEXT) > p.status
+                     ORDER BY CAST(x.status AS TEXT) LIMIT 1),
+                    (SELECT CAST(x.status AS TEXT) FROM veracity_executions AS x
+                     WHERE CAST(x.ffqn AS TEXT) = (
+                         SELECT CAST(y.ffqn AS TEXT) FROM veracity_executions AS y
+                         WHERE CAST(y.ffqn AS TEXT) > p.ffqn
+                           AND CAST(y.ffqn AS TEXT) < :ffqn_end
+                         ORDER BY CAST(y.ffqn AS TEXT) LIMIT 1)
+                     ORDER BY CAST(x.status AS TEXT) LIMIT 1))
+    FROM pairs AS p WHERE p.ffqn IS NOT NULL
+)
+SELECT ffqn, status FROM pairs WHERE ffqn IS NOT NULL AND status <> ''
+LIMIT :cap
+
+-- name: execution_list_floor
+-- The creation time of the (:window + 1)th newest row in a page's range (none when the
+-- range holds :window rows or fewer), read from veracity_executions_created's entries
+-- alone, or, with its first term, `true`, replaced by a status's (as execution_list's),
+-- from the status index's: the rows newer than it are the window a page of many values
+-- is first looked for in (SqliteStore._window_page).
+SELECT created_at FROM veracity_executions
+WHERE true
+  AND created_at > :lower_at AND (created_at, id) < (:upper_at, :upper_id)
+ORDER BY created_at DESC, id DESC
+LIMIT 1 OFFSET :window
 
 -- name: history_list
 SELECT * FROM veracity_history
