@@ -6,7 +6,9 @@ where a prefix most rows have is found after about a page; a rarer prefix's keys
 merged in two rounds (SqliteStore._merged_keys).
 
 The table: 6,000 executions, 40 workflows ``app:wNN/run.run`` holding 49 rows in 50, 40
-``lib:wNN/run.run`` holding 1 in 50; some failed, blocked and flagged; three deployments.
+``lib:wNN/run.run`` holding 1 in 50; some failed and blocked; flagged: every ``lib:`` row
+and a few others (more than ``lib:`` has, so that ``lib:`` leads a page of both); three
+deployments.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ SELECT printf('%08x-0000-4000-8000-%012x', i, i * 7919),
             ELSE 'completed' END,
        CASE WHEN i % 37 = 0 OR i % 101 = 3 THEN NULL ELSE '1' END,
        'dep-' || (i % 3), t, t, t, 3,
-       CASE WHEN i % 250 = 11 THEN t END, CASE WHEN i % 250 = 11 THEN 'unknown_id' END,
-       CASE WHEN i % 250 = 11 THEN 'n8n' END
+       CASE WHEN i % 250 = 11 OR i % 50 = 0 THEN t END,
+       CASE WHEN i % 250 = 11 OR i % 50 = 0 THEN 'unknown_id' END,
+       CASE WHEN i % 250 = 11 OR i % 50 = 0 THEN 'n8n' END
 FROM (SELECT i, 1893456000000000 + i * 1000000 AS t FROM g)
 """
 
@@ -151,6 +154,7 @@ FILTERS = [
     ExecutionFilter(ffqn_prefix="lib:", deployment_id="dep-2"),
     ExecutionFilter(ffqn_prefix="app:", flagged=True),
     ExecutionFilter(ffqn_prefix="lib:", flagged=False),
+    ExecutionFilter(ffqn_prefix="lib:", flagged=True),
     ExecutionFilter(ffqn_prefix="app:", created_before=_at(ROWS // 2)),
     ExecutionFilter(ffqn_prefix="lib:", created_after=_at(ROWS - 900)),
     ExecutionFilter(ffqn_prefix="app:", created_after=_at(ROWS - 30)),

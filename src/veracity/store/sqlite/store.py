@@ -531,10 +531,12 @@ class SqliteStore(SharedMethods):
             bounds = {"ffqn_prefix": filter.ffqn_prefix,
                       "ffqn_end": _prefix_end(filter.ffqn_prefix)}
             pairs = self._prefix_pairs(conn, bounds, statuses, WINDOW_VALUES)
-            if len(pairs) >= WINDOW_VALUES and not filter.flagged:
+            if len(pairs) >= WINDOW_VALUES:  # (the first of them only: all, further on)
                 # one status asked for: its rows' window; none or several: all rows'
+                # (flagged ones are few: read from their own index, not looked for)
                 one = statuses[0] if len(statuses) == 1 else None
-                if (found := self._window_page(conn, params, one)) is not None:
+                if not filter.flagged and (
+                        found := self._window_page(conn, params, one)) is not None:
                     return found
                 pairs = self._prefix_pairs(conn, bounds, statuses, None)
             leads.append(("ffqn", pairs))
