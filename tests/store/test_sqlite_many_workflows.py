@@ -5,16 +5,12 @@ looked for among the newest WINDOW_PAGES (4) pages of rows (SqliteStore._window_
 where a prefix most rows have is found after about a page; a rarer prefix's keys are
 merged in two rounds (SqliteStore._merged_keys).
 
-The table: 6,000 executions, 40 workflows ``app:wNN/run.run`` holding 49 rows in 50, 40
-``lib:wNN/run.run`` holding 1 in 50; some failed and blocked; flagged: every ``lib:`` row
-and a few others (more than ``lib:`` has, so that ``lib:`` leads a page of both); three
-deployments.
+The table: tests/store/_many_workflows.py.
 """
 
 from __future__ import annotations
 
 import sqlite3
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,16 +18,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_async
+from tests.store._many_workflows import FILTERS, LIMIT, ROWS, WORKFLOWS, Row, check_pages
 from tests.store.test_sqlite_list_plans import plan, run_list
-from veracity.core.states import Status
-from veracity.models import ExecutionFilter, ListCursor
+from veracity.models import ExecutionFilter
 from veracity.store import open_store
 from veracity.store.sqlite.store import _KEYS, WINDOW_PAGES, WINDOW_VALUES, _prefix_end
 from veracity.store.sqlite.store import Q as QUERIES
-
-LIMIT = 50
-ROWS = 6_000
-WORKFLOWS = 40
 
 FILL = """
 WITH RECURSIVE g (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < :rows)
@@ -51,12 +43,6 @@ SELECT printf('%08x-0000-4000-8000-%012x', i, i * 7919),
        CASE WHEN i % 250 = 11 OR i % 50 = 0 THEN 'n8n' END
 FROM (SELECT i, 1893456000000000 + i * 1000000 AS t FROM g)
 """
-
-
-def _at(i: int) -> datetime:
-    """Row ``i``'s created_at."""
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=1893456000000000
-                                                        + i * 10**6)
 
 
 @pytest.fixture(scope="module")
@@ -144,69 +130,14 @@ def test_a_prefix_of_few_workflows_is_not_looked_for_in_the_window(many: Path) -
     assert _statements(seen, "execution_list_floor") == 0
 
 
-FILTERS = [
-    ExecutionFilter(ffqn_prefix="app:"),
-    ExecutionFilter(ffqn_prefix="lib:"),
-    ExecutionFilter(ffqn_prefix="app:w1"),
-    ExecutionFilter(statuses=(Status.FAILED,), ffqn_prefix="app:"),
-    ExecutionFilter(statuses=(Status.COMPLETED, Status.BLOCKED), ffqn_prefix="lib:"),
-    ExecutionFilter(ffqn_prefix="app:", deployment_id="dep-1"),
-    ExecutionFilter(ffqn_prefix="lib:", deployment_id="dep-2"),
-    ExecutionFilter(ffqn_prefix="app:", flagged=True),
-    ExecutionFilter(ffqn_prefix="lib:", flagged=False),
-    ExecutionFilter(ffqn_prefix="lib:", flagged=True),
-    ExecutionFilter(ffqn_prefix="app:", created_before=_at(ROWS // 2)),
-    ExecutionFilter(ffqn_prefix="lib:", created_after=_at(ROWS - 900)),
-    ExecutionFilter(ffqn_prefix="app:", created_after=_at(ROWS - 30)),
-]
-
-
 @pytest.mark.parametrize("filter", FILTERS, ids=[repr(f) for f in FILTERS])
 def test_pages_answer_what_reading_every_row_would(many: Path, filter: ExecutionFilter
                                                    ) -> None:
     """The first page, the next, a page after a cursor deep in the list (where the range
-    holds fewer rows than the window) and after the last row, each against the filters
-    checked row by row over the whole table."""
+    holds fewer rows than the window) and after the last row."""
     with sqlite3.connect(many) as conn:
-        conn.row_factory = sqlite3.Row
-        table = conn.execute("SELECT id, status, ffqn, deployment_id, flagged_at, created_at "
-                             "FROM veracity_executions").fetchall()
-    lower = filter.created_after
-    upper = filter.created_before
-    matching = [r for r in sorted(table, key=lambda r: (r["created_at"], r["id"]), reverse=True)
-                if (not filter.statuses or r["status"] in {str(s) for s in filter.statuses})
-                and r["ffqn"].startswith(filter.ffqn_prefix or "")
-                and (filter.deployment_id is None or r["deployment_id"] == filter.deployment_id)
-                and (filter.flagged is None or (r["flagged_at"] is not None) == filter.flagged)
-                and (lower is None or r["created_at"] > _us(lower))
-                and (upper is None or r["created_at"] < _us(upper))]
-    all_ids = sorted(table, key=lambda r: (r["created_at"], r["id"]), reverse=True)
-    deep = all_ids[ROWS - WINDOW_PAGES * LIMIT // 2]  # fewer rows after it than the window
-    cursors: list[ListCursor | None] = [None]
-    if len(matching) > LIMIT:
-        cursors.append(_cursor(matching[LIMIT - 1]))
-    cursors += [_cursor(deep), _cursor(all_ids[-1])]
-
-    async def pages() -> None:
-        store = await open_store(f"sqlite:///{many}")
-        try:
-            for after in cursors:
-                got = [str(e.id) for e in await store.execution_list(
-                    filter, limit=LIMIT, after=after)]
-                want = [r["id"] for r in matching
-                        if after is None or (r["created_at"], r["id"])
-                        < (_us(after.created_at), str(after.id))][:LIMIT]
-                assert got == want, (filter, after)
-        finally:
-            await store.close()
-
-    run_async(pages())
-
-
-def _us(at: datetime) -> int:
-    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
-
-
-def _cursor(row: sqlite3.Row) -> ListCursor:
-    return ListCursor(datetime(1970, 1, 1, tzinfo=UTC)
-                      + timedelta(microseconds=row["created_at"]), uuid.UUID(row["id"]))
+        table = [Row(r[0], r[1], r[2], r[3], r[4] is not None,
+                     datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=r[5]))
+                 for r in conn.execute("SELECT id, status, ffqn, deployment_id, flagged_at, "
+                                       "created_at FROM veracity_executions")]
+    check_pages(f"sqlite:///{many}", table, filter, WINDOW_PAGES * LIMIT // 2)
