@@ -265,6 +265,70 @@ WITH RECURSIVE names (ffqn) AS (
 SELECT e.* FROM page JOIN veracity_executions AS e ON e.id = page.id
 ORDER BY page.created_at DESC, page.id DESC
 
+-- name: execution_list_prefix_names
+-- How many workflow names have the FFQN prefix, counted up to %(cap)s, each found by one
+-- probe of veracity_executions_ffqn_status_created as in execution_list_by_ffqn: a prefix
+-- of that many workflows or more is first looked for in execution_list_by_ffqn_window.
+WITH RECURSIVE names (ffqn) AS (
+    (SELECT ffqn COLLATE "C" FROM veracity_executions
+     WHERE starts_with(ffqn COLLATE "C", %(ffqn_prefix)s::text)
+     ORDER BY ffqn COLLATE "C" LIMIT 1)
+    UNION ALL
+    SELECT (SELECT x.ffqn COLLATE "C" FROM veracity_executions AS x
+            WHERE x.ffqn COLLATE "C" > n.ffqn
+              AND starts_with(x.ffqn COLLATE "C", %(ffqn_prefix)s::text)
+            ORDER BY x.ffqn COLLATE "C" LIMIT 1)
+    FROM names AS n WHERE n.ffqn IS NOT NULL
+)
+SELECT count(*) AS n FROM (SELECT 1 FROM names WHERE ffqn IS NOT NULL LIMIT %(cap)s) AS n
+
+-- name: execution_list_by_ffqn_window
+-- A page of an FFQN prefix shared by many workflows, looked for among the newest rows
+-- first (PostgresStore.execution_list): the window is the newest 200 keys of the statuses
+-- asked for (or all) in the page's range, each status's read newest first from
+-- veracity_executions_status_created, then each of their rows looked up by its id and
+-- every filter checked. The page is answered when the window holds a page of rows with
+-- them, or holds the whole range; otherwise nothing, and the store reads the page with
+-- execution_list_by_ffqn (a statement per workflow and status: 1,584 of them for 200
+-- workflows) instead.
+WITH recent (created_at, id) AS (
+    SELECT k.created_at, k.id FROM unnest(%(statuses)s::text[]) AS s (status)
+    CROSS JOIN LATERAL (
+        SELECT x.created_at, x.id FROM veracity_executions AS x
+        WHERE x.status COLLATE "C" = s.status
+          AND (%(created_after)s::timestamptz IS NULL
+               OR x.created_at > %(created_after)s::timestamptz)
+          AND (%(created_before)s::timestamptz IS NULL
+               OR x.created_at < %(created_before)s::timestamptz)
+          AND (%(cursor_at)s::timestamptz IS NULL
+               OR (x.created_at, x.id) < (%(cursor_at)s::timestamptz, %(cursor_id)s::uuid))
+        ORDER BY x.created_at DESC, x.id DESC
+        LIMIT %(window)s
+    ) AS k
+    ORDER BY k.created_at DESC, k.id DESC
+    LIMIT %(window)s
+), found AS (
+    -- each row looked up by its id (LIMIT 1: not joined otherwise, which PostgreSQL once
+    -- planned as a hash of every row with the prefix)
+    SELECT e.* FROM recent
+    CROSS JOIN LATERAL (
+        SELECT * FROM veracity_executions AS x
+        WHERE x.id = recent.id
+          AND starts_with(x.ffqn COLLATE "C", %(ffqn_prefix)s::text)
+          AND (%(deployment_id)s::text IS NULL
+               OR x.deployment_id COLLATE "C" = %(deployment_id)s::text)
+          AND (%(flagged)s::boolean IS NULL
+               OR (x.flagged_at IS NOT NULL) = %(flagged)s::boolean)
+        LIMIT 1
+    ) AS e
+    ORDER BY e.created_at DESC, e.id DESC
+    LIMIT %(limit)s
+)
+SELECT * FROM found
+WHERE (SELECT count(*) FROM found) = %(limit)s
+   OR (SELECT count(*) FROM recent) < %(window)s
+ORDER BY created_at DESC, id DESC
+
 -- name: execution_list_by_deployment
 -- The same, for a deployment without an FFQN prefix (with or without statuses: without,
 -- every status): the deployment's newest rows of each status read in order from the index

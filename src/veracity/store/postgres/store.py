@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -95,6 +96,22 @@ INTERRUPT_CHANNEL = "veracity_interrupt"
 HANDOFF_PREFIX = "veracity_handoff_"
 RETRIES = 3  # attempts after a lost connection
 
+WINDOW_NAMES = 32
+"""An FFQN prefix of this many workflows or more is first looked for among the newest
+WINDOW_ROWS rows of its page's range (queries.sql, execution_list_by_ffqn_window), before
+a statement per workflow and status."""
+
+WINDOW_ROWS = 200
+"""The window's size: a prefix about 1 row in 4 or more has is found in it."""
+
+PREFIX_NAMES_TTL = 60.0
+"""Seconds a prefix's count of workflows (``_many_names``), and a window that held less
+than a page of a filter's rows, are remembered before they are read again: new workflows
+are deployed far less often, and a prefix's share of the rows changes slowly."""
+
+PREFIX_NAMES_KEPT = 1024
+"""Prefixes whose count is kept at most (all forgotten when full)."""
+
 
 def _utc(value: datetime | None) -> datetime | None:
     return value.astimezone(UTC) if value is not None else None
@@ -120,7 +137,8 @@ def list_statement(filter: ExecutionFilter, *, limit: int, after: ListCursor | N
     docs/operations.md, What a list page costs): ``flagged`` rows are few, read from their
     own index with any other filter checked on each; otherwise a prefix, a deployment or
     neither is read with each status asked for (or every status) from its (name,
-    status), (deployment, status) or status index."""
+    status), (deployment, status) or status index. (A prefix of many workflows is first
+    looked for among the newest rows: PostgresStore.execution_list.)"""
     statuses = sorted({str(s) for s in filter.statuses})
     if filter.flagged:
         return _list_params("execution_list_flagged", statuses, filter, limit, after)
@@ -298,6 +316,13 @@ class PostgresStore(SharedMethods):
         """Seconds a connection of its own (a single-runner lock's, a LISTEN) may take to
         open: a server that accepts and never answers fails the tick after this long."""
         self._lock_silence = lock_silence
+        self._prefix_names: dict[str, tuple[float, bool]] = {}
+        """Per FFQN prefix, whether WINDOW_NAMES workflows or more had it, and when that was
+        counted (time.monotonic()): ``_many_names``."""
+        self._window_misses: dict[tuple[str, ...], float] = {}
+        """Per filter of a prefix of many workflows (not its dates or cursor), when its
+        window last held less than a page (execution_list): not read again for
+        PREFIX_NAMES_TTL seconds, the page read by its workflows and statuses."""
 
     @classmethod
     async def open(
@@ -539,8 +564,39 @@ class PostgresStore(SharedMethods):
         check_filter(filter)
         require_aware(after.created_at if after else None)
         name, params = list_statement(filter, limit=limit, after=after)
+        if name == "execution_list_by_ffqn" and await self._many_names(filter.ffqn_prefix):
+            # (the same filters' window found nothing within PREFIX_NAMES_TTL: not again)
+            key = (filter.ffqn_prefix or "", *params["statuses"], "|",
+                   filter.deployment_id or "", str(filter.flagged))
+            missed = self._window_misses.get(key)
+            if missed is None or time.monotonic() - missed >= PREFIX_NAMES_TTL:
+                found = await self._fetchall("execution_list_by_ffqn_window",
+                                             {**params, "window": WINDOW_ROWS},
+                                             execution_rows, planning="list_planning")
+                if found:  # a page of the window's rows, or the whole range's
+                    return cast(list[Execution], found)
+                if len(self._window_misses) >= PREFIX_NAMES_KEPT:
+                    self._window_misses.clear()
+                self._window_misses[key] = time.monotonic()
         return cast(list[Execution], await self._fetchall(
             name, params, execution_rows, planning="list_planning"))
+
+    async def _many_names(self, prefix: str | None) -> bool:
+        """Whether WINDOW_NAMES workflows or more have the prefix (a probe each), counted
+        again after PREFIX_NAMES_TTL seconds: the count only chooses how a page is read
+        (either way reads the same page), and costs a statement, which a prefix of few
+        workflows should not pay on every page."""
+        now = time.monotonic()
+        known = self._prefix_names.get(prefix or "")
+        if known is not None and now - known[0] < PREFIX_NAMES_TTL:
+            return known[1]
+        (row,) = await self._fetchall("execution_list_prefix_names",
+                                      {"ffqn_prefix": prefix, "cap": WINDOW_NAMES})
+        if len(self._prefix_names) >= PREFIX_NAMES_KEPT:
+            self._prefix_names.clear()
+        many = int(row["n"]) >= WINDOW_NAMES
+        self._prefix_names[prefix or ""] = (now, many)
+        return many
 
     async def history_list(
         self, execution_id: uuid.UUID, *, after_seq: int = 0, limit: int = 1000
