@@ -58,7 +58,8 @@ PG_FILL = """
 INSERT INTO veracity_executions (
     id, ffqn, params, status, result, deployment_id, scheduled_at, created_at, updated_at,
     history_seq)
-SELECT (lpad(to_hex(i), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(i::bigint * 7919), 12, '0'))::uuid,
+SELECT (lpad(to_hex(i), 8, '0') || '-0000-4000-8000-'
+        || lpad(to_hex(i::bigint * 7919), 12, '0'))::uuid,
        CASE WHEN i %% 100 = 0 THEN 'lib:w' || lpad(((i / 100) %% %(workflows)s)::text, 3, '0')
             ELSE 'app:w' || lpad((i %% %(workflows)s)::text, 3, '0') END || '/run.run',
        '[]',
