@@ -57,7 +57,18 @@ def test_every_query_a_backend_names_exists_in_its_file(backend: str, pattern: s
 
 # Queries a backend derives from one of its file's at import (each raising if the text it
 # rewrites has changed): the derived one and the one it comes from
-DERIVED = {"postgres": {"execution_leave_many_brief": "execution_leave_many_if_owned"}}
+DERIVED = {"postgres": {"execution_leave_many_brief": "execution_leave_many_if_owned",
+                        "execution_list_prefix_names": "execution_list_by_ffqn"}}
+
+
+def test_a_prefix_s_names_are_counted_as_its_page_finds_them() -> None:
+    """execution_list_prefix_names is execution_list_by_ffqn's `names`, counted."""
+    from veracity.store.postgres.store import Q
+
+    count, page = Q["execution_list_prefix_names"], Q["execution_list_by_ffqn"]
+    names, _, counted = count.rpartition("\n)\n")
+    assert names.startswith("WITH RECURSIVE names (ffqn) AS (") and names in page
+    assert counted.startswith("SELECT count(*) AS n FROM (SELECT 1 FROM names")
 
 
 def test_the_brief_exits_differ_from_their_query_in_the_columns_answered_only() -> None:

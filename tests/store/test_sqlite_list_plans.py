@@ -144,10 +144,8 @@ class RecordingCursor:
         setattr(self._cursor, name, value)
 
 
-@pytest.fixture(scope="module")
-def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A migrated database with the rows, without statistics (as the store leaves it)."""
-    path = tmp_path_factory.mktemp("sqlite_plans") / "filled.db"
+def migrate_sqlite(path: Path) -> None:
+    """A new SQLite database at ``path`` with Veracity's tables."""
 
     async def migrate() -> None:
         store = await open_store(f"sqlite:///{path}")
@@ -157,6 +155,13 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
             await store.close()
 
     run_async(migrate())
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated database with the rows, without statistics (as the store leaves it)."""
+    path = tmp_path_factory.mktemp("sqlite_plans") / "filled.db"
+    migrate_sqlite(path)
     with sqlite3.connect(path) as conn:
         conn.execute(FILL, {"rows": ROWS})
     return path

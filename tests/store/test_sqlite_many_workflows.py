@@ -17,11 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_async
 from tests.store._many_workflows import FILTERS, LIMIT, ROWS, WORKFLOWS, Row, check_pages
-from tests.store.test_sqlite_list_plans import plan, run_list
+from tests.store.test_sqlite_list_plans import migrate_sqlite, plan, run_list
 from veracity.models import ExecutionFilter
-from veracity.store import open_store
 from veracity.store.sqlite.store import _KEYS, WINDOW_PAGES, WINDOW_VALUES, _prefix_end
 from veracity.store.sqlite.store import Q as QUERIES
 
@@ -48,15 +46,7 @@ FROM (SELECT i, 1893456000000000 + i * 1000000 AS t FROM g)
 @pytest.fixture(scope="module")
 def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sqlite_many") / "many.db"
-
-    async def migrate() -> None:
-        store = await open_store(f"sqlite:///{path}")
-        try:
-            await store.migrate()
-        finally:
-            await store.close()
-
-    run_async(migrate())
+    migrate_sqlite(path)
     with sqlite3.connect(path) as conn:
         conn.execute(FILL, {"rows": ROWS, "workflows": WORKFLOWS})
     return path

@@ -225,7 +225,9 @@ LIMIT %(limit)s
 -- names' rows has reads nothing. The status is compared COLLATE "POSIX", the index's key
 -- (migration 0020): no other index can answer the pair. Each pair's newest keys are read
 -- first (from the index alone when its pages are all visible) and only the page's rows
--- fetched: a prefix of 111 workflows read 5,550 rows for a page of 50 before.
+-- fetched: a prefix of 111 workflows read 5,550 rows for a page of 50 before. The store
+-- also counts the names (up to 32) with this query's `names` alone (PostgresStore,
+-- _prefix_names_query), to choose execution_list_by_ffqn_window first.
 WITH RECURSIVE names (ffqn) AS (
     -- each probe the first name of the index after the last (ORDER BY ... LIMIT 1, not
     -- min(): planned for few rows, min() read every row of the range and kept the least)
@@ -264,23 +266,6 @@ WITH RECURSIVE names (ffqn) AS (
 )
 SELECT e.* FROM page JOIN veracity_executions AS e ON e.id = page.id
 ORDER BY page.created_at DESC, page.id DESC
-
--- name: execution_list_prefix_names
--- How many workflow names have the FFQN prefix, counted up to %(cap)s, each found by one
--- probe of veracity_executions_ffqn_status_created as in execution_list_by_ffqn: a prefix
--- of that many workflows or more is first looked for in execution_list_by_ffqn_window.
-WITH RECURSIVE names (ffqn) AS (
-    (SELECT ffqn COLLATE "C" FROM veracity_executions
-     WHERE starts_with(ffqn COLLATE "C", %(ffqn_prefix)s::text)
-     ORDER BY ffqn COLLATE "C" LIMIT 1)
-    UNION ALL
-    SELECT (SELECT x.ffqn COLLATE "C" FROM veracity_executions AS x
-            WHERE x.ffqn COLLATE "C" > n.ffqn
-              AND starts_with(x.ffqn COLLATE "C", %(ffqn_prefix)s::text)
-            ORDER BY x.ffqn COLLATE "C" LIMIT 1)
-    FROM names AS n WHERE n.ffqn IS NOT NULL
-)
-SELECT count(*) AS n FROM (SELECT 1 FROM names WHERE ffqn IS NOT NULL LIMIT %(cap)s) AS n
 
 -- name: execution_list_by_ffqn_window
 -- A page of an FFQN prefix shared by many workflows, looked for among the newest rows

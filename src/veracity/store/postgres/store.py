@@ -280,6 +280,21 @@ async def _drive(conn: psycopg.AsyncConnection[Any], op: _ops.Op) -> Any:
         return stop.value
 
 
+def _prefix_names_query() -> str:
+    """How many workflow names have an FFQN prefix, counted up to %(cap)s: the `names` of
+    queries.sql's execution_list_by_ffqn (its first part), the same probes."""
+    query = Q["execution_list_by_ffqn"]
+    head, tail = "WITH RECURSIVE names (ffqn) AS (", "\n), page (created_at, id) AS ("
+    if head not in query or tail not in query:  # pragma: no cover - the file is ours
+        raise RuntimeError("queries.sql: execution_list_by_ffqn does not begin with names")
+    names = query[query.index(head):query.index(tail)]
+    return (names + "\n)\nSELECT count(*) AS n FROM "
+            "(SELECT 1 FROM names WHERE ffqn IS NOT NULL LIMIT %(cap)s) AS n\n")
+
+
+Q["execution_list_prefix_names"] = _prefix_names_query()
+
+
 def _q(name: str) -> str:
     # queries come from our own package files, never from user input
     return Q[name]
