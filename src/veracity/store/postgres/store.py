@@ -110,7 +110,27 @@ than a page of a filter's rows, are remembered before they are read again: new w
 are deployed far less often, and a prefix's share of the rows changes slowly."""
 
 PREFIX_NAMES_KEPT = 1024
-"""Prefixes whose count is kept at most (all forgotten when full)."""
+"""Prefixes (or filters) remembered at most (all forgotten when full)."""
+
+
+class _Remembered:
+    """Values remembered for PREFIX_NAMES_TTL seconds (time.monotonic(): they only choose
+    how a list page is read, never what it answers), at most PREFIX_NAMES_KEPT of them."""
+
+    def __init__(self) -> None:
+        self._values: dict[Any, tuple[float, Any]] = {}
+
+    def get(self, key: Any) -> Any:
+        """The value remembered for ``key``, or None (never, or too long ago)."""
+        known = self._values.get(key)
+        if known is None or time.monotonic() - known[0] >= PREFIX_NAMES_TTL:
+            return None
+        return known[1]
+
+    def put(self, key: Any, value: Any) -> None:
+        if len(self._values) >= PREFIX_NAMES_KEPT:
+            self._values.clear()
+        self._values[key] = (time.monotonic(), value)
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -331,13 +351,13 @@ class PostgresStore(SharedMethods):
         """Seconds a connection of its own (a single-runner lock's, a LISTEN) may take to
         open: a server that accepts and never answers fails the tick after this long."""
         self._lock_silence = lock_silence
-        self._prefix_names: dict[str, tuple[float, bool]] = {}
-        """Per FFQN prefix, whether WINDOW_NAMES workflows or more had it, and when that was
-        counted (time.monotonic()): ``_many_names``."""
-        self._window_misses: dict[tuple[str, ...], float] = {}
-        """Per filter of a prefix of many workflows (not its dates or cursor), when its
-        window last held less than a page (execution_list): not read again for
-        PREFIX_NAMES_TTL seconds, the page read by its workflows and statuses."""
+        self._prefix_names = _Remembered()
+        """Per FFQN prefix, whether WINDOW_NAMES workflows or more had it
+        (``_many_names``)."""
+        self._window_misses = _Remembered()
+        """The filters of a prefix of many workflows (not their dates or cursor) whose
+        window held less than a page (execution_list): not read again meanwhile, the page
+        read by its workflows and statuses."""
 
     @classmethod
     async def open(
@@ -583,16 +603,13 @@ class PostgresStore(SharedMethods):
             # (the same filters' window found nothing within PREFIX_NAMES_TTL: not again)
             key = (filter.ffqn_prefix or "", *params["statuses"], "|",
                    filter.deployment_id or "", str(filter.flagged))
-            missed = self._window_misses.get(key)
-            if missed is None or time.monotonic() - missed >= PREFIX_NAMES_TTL:
+            if not self._window_misses.get(key):
                 found = await self._fetchall("execution_list_by_ffqn_window",
                                              {**params, "window": WINDOW_ROWS},
                                              execution_rows, planning="list_planning")
                 if found:  # a page of the window's rows, or the whole range's
                     return cast(list[Execution], found)
-                if len(self._window_misses) >= PREFIX_NAMES_KEPT:
-                    self._window_misses.clear()
-                self._window_misses[key] = time.monotonic()
+                self._window_misses.put(key, True)
         return cast(list[Execution], await self._fetchall(
             name, params, execution_rows, planning="list_planning"))
 
@@ -601,16 +618,13 @@ class PostgresStore(SharedMethods):
         again after PREFIX_NAMES_TTL seconds: the count only chooses how a page is read
         (either way reads the same page), and costs a statement, which a prefix of few
         workflows should not pay on every page."""
-        now = time.monotonic()
-        known = self._prefix_names.get(prefix or "")
-        if known is not None and now - known[0] < PREFIX_NAMES_TTL:
-            return known[1]
+        known = self._prefix_names.get(prefix)
+        if known is not None:
+            return bool(known)
         (row,) = await self._fetchall("execution_list_prefix_names",
                                       {"ffqn_prefix": prefix, "cap": WINDOW_NAMES})
-        if len(self._prefix_names) >= PREFIX_NAMES_KEPT:
-            self._prefix_names.clear()
         many = int(row["n"]) >= WINDOW_NAMES
-        self._prefix_names[prefix or ""] = (now, many)
+        self._prefix_names.put(prefix, many)
         return many
 
     async def history_list(

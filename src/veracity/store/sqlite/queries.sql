@@ -87,8 +87,9 @@ SELECT * FROM veracity_executions WHERE id = :id
 -- prefix, found by execution_list_pairs, or per name of execution_list_ffqns and status
 -- asked for, merged), else a deployment, else flagged=true, as on PostgreSQL; with none
 -- of them, `true` stays and the page is read from veracity_executions_created, as it is
--- for a prefix of many workflows first (SqliteStore._window_page). Each leading term compares the expression its index
--- (migration 0017) is keyed on, which no other query names; the other filters are
+-- for a prefix of many workflows first (SqliteStore._window_page). Each leading term
+-- compares the expression its index (migrations 0017 and 0021) is keyed on, which no
+-- other query names; the other filters are
 -- skipped when their parameter is NULL, a form no index can answer, and checked on each
 -- row read. The dates and the cursor are bounds of the index's range, always given (the
 -- store puts the earlier of created_before and the cursor in :upper_at, :upper_id, and a
@@ -106,7 +107,7 @@ ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
 -- name: execution_list_rows
--- The rows of a page whose keys were merged from several reads (SqliteStore._list_rows).
+-- The rows of a page whose keys were merged from several reads (SqliteStore._read_page).
 SELECT * FROM veracity_executions WHERE id IN (SELECT value FROM json_each(:ids))
 
 -- name: execution_list_ffqns
