@@ -7,14 +7,21 @@ executions straight into the tables (99 % ``completed``, 1 % ``failed``, 0.1 %
 row in 100,000 of a fifth, ``rare:``; three deployments; three history events each),
 ended over the last 40 days, then VACUUM ANALYZE. At each size:
 
-- claims: ``--executions`` no-op executions (default 5,000) inserted pending, then one
-  ``veracity worker`` process at the default settings (``worker.concurrency`` 256) drains
-  them; the rate is N over the time from the first claim to the last completion, both the
-  database's clock (as bench/workers.py). Each run starts right after a ``CHECKPOINT``
-  (``_checkpoint``). Median of ``--runs`` runs (default 4: a drain of 5,000 lasts half a
-  second on a fast machine, and two were not enough; bench/README.md, Growth), each beside
-  a run on the empty database, alternating (``interleaved_claims``): the machine's speed
-  changes within minutes here, and the ratio compares runs of the same minutes.
+- claims: one ``veracity worker`` process at the default settings (``worker.concurrency``
+  256) is started and left to become idle; then, right after a ``CHECKPOINT``
+  (``_checkpoint``), ``--executions`` no-op executions (default 5,000) are inserted pending
+  in one statement, and the worker drains them. The rate is N over the time from the first
+  claim to the last completion, both the database's clock (as bench/workers.py). The cost
+  is the CPU time over N, from just before the insert to the last completion, of the
+  database's backends serving the worker (``/proc/PID/schedstat``; its connections, known
+  by their ``application_name``, ``PGAPPNAME`` in its environment; PostgreSQL's shared
+  background processes left out, as in bench/scaling.py) and of the worker process
+  (``/proc/PID/stat``; its start-up left out). A rate moves with the machine's speed from
+  minute to minute; the database's CPU an execution is what says whether a claim costs
+  more on a larger table. Median of ``--runs`` runs (default 4: a drain of 5,000 lasts
+  half a second on a fast machine, and two were not enough; bench/README.md, Growth), each
+  beside a run on the empty database, alternating (``interleaved_claims``), so that the
+  ratios compare runs of the same minutes.
 - list pages: each filter ``GET /v1/executions`` offers, and a few combinations (a status
   with a prefix none of its rows has among them), its first page of 50 through the
   store (``execution_list``, in process: the query, not HTTP); the median of 20 calls
@@ -31,11 +38,13 @@ import argparse
 import asyncio
 import statistics
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import psycopg
 
 from bench._util import scratch_pg_database
+from bench.scaling import backend_cpu_seconds, cpu_seconds
 from bench.workers import insert_noops, migrate, worker_procs
 from veracity.core.states import Status
 from veracity.maintenance.retention import RetentionService
@@ -130,24 +139,75 @@ def fill(url: str, have: int, want: int, chunk: int = 200_000) -> float:
     return time.monotonic() - started
 
 
-def claims(url: str, n: int) -> float:
-    """One worker at the defaults drains n new no-op executions: executions/s."""
+@dataclass(frozen=True)
+class Drain:
+    """One drain of ``claims``: executions/s, and the database's and the worker's CPU
+    seconds an execution."""
+    rate: float
+    db_cpu: float
+    worker_cpu: float
+
+
+WORKER_APP = "bench-growth-worker"
+"""The ``application_name`` of the measured worker's connections (``PGAPPNAME``)."""
+
+
+def claims(url: str, n: int) -> Drain:
+    """One idle worker at the defaults drains n new no-op executions (see the module's
+    doc)."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DELETE FROM veracity_history WHERE execution_id IN "
                      "(SELECT id FROM veracity_executions WHERE deployment_id = 'bench')")
         conn.execute("DELETE FROM veracity_executions WHERE deployment_id = 'bench'")
-    insert_noops(url, n)
-    _checkpoint(url)
-    with worker_procs(url, 1):
-        _wait_bench_done(url, n)
-    with psycopg.connect(url) as conn:
+    with worker_procs(url, 1, PGAPPNAME=WORKER_APP) as (worker,), \
+            psycopg.connect(url, autocommit=True) as conn:
+        _wait_registered(conn, worker.pid)
+        time.sleep(0.5)  # its first claim found nothing: idle, listening
+        _checkpoint(url)
+        before = {pid: backend_cpu_seconds(pid) for pid in _worker_backends(conn)}
+        last = dict(before)
+        worker_before = cpu_seconds(worker.pid)
+        insert_noops(url, n)
+        deadline = time.monotonic() + 600
+        while _unfinished(conn):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"not all {n} executions completed")
+            for pid in _worker_backends(conn):
+                before.setdefault(pid, 0.0)  # opened meanwhile: all of its CPU
+                last[pid] = backend_cpu_seconds(pid) or last.get(pid, 0.0)
+            time.sleep(0.05)
+        for pid in before:
+            last[pid] = backend_cpu_seconds(pid) or last.get(pid, 0.0)
+        worker_cpu = cpu_seconds(worker.pid) - worker_before
+        row = conn.execute("SELECT count(*) FROM veracity_executions WHERE "
+                           "deployment_id = 'bench' AND status = 'completed'").fetchone()
+        if row is None or row[0] != n:
+            raise SystemExit(f"{row and row[0]} of {n} executions completed")
         row = conn.execute(
             "SELECT extract(epoch FROM max(e.updated_at) - min(h.at)) "
             "FROM veracity_executions AS e JOIN veracity_history AS h "
             "ON h.execution_id = e.id AND h.kind = 'running' "
             "WHERE e.deployment_id = 'bench'").fetchone()
     assert row is not None
-    return n / float(row[0])
+    db_cpu = sum(last[pid] - cpu for pid, cpu in before.items())
+    return Drain(n / float(row[0]), db_cpu / n, worker_cpu / n)
+
+
+def _wait_registered(conn: psycopg.Connection[tuple[int]], pid: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT count(*) FROM veracity_workers WHERE pid = %s AND "
+                           "stopped_at IS NULL", [pid]).fetchone()
+        if row and row[0]:
+            return
+        time.sleep(0.05)
+    raise SystemExit("the worker did not register within 30 s")
+
+
+def _worker_backends(conn: psycopg.Connection[tuple[int]]) -> list[int]:
+    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND application_name = %s", [WORKER_APP]).fetchall()
+    return [int(r[0]) for r in rows]
 
 
 def _checkpoint(url: str) -> None:
@@ -165,31 +225,15 @@ def _checkpoint(url: str) -> None:
                   "wherever the server's checkpoints are)")
 
 
-def _unfinished(url: str) -> int:
+def _unfinished(conn: psycopg.Connection[tuple[int]]) -> int:
     # through veracity_executions_unfinished: the poll reads the bench's own rows, not the
     # table (a count of completed rows scanned all of it, some 120 ms a call at 1M, five
     # times a second, on the cores the worker measured beside it needs)
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM veracity_executions WHERE "
-                           "deployment_id = 'bench' AND status IN "
-                           "('pending', 'running', 'blocked', 'paused')").fetchone()
+    row = conn.execute("SELECT count(*) FROM veracity_executions WHERE "
+                       "deployment_id = 'bench' AND status IN "
+                       "('pending', 'running', 'blocked', 'paused')").fetchone()
     assert row is not None
     return int(row[0])
-
-
-def _wait_bench_done(url: str, n: int) -> None:
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if _unfinished(url) == 0:
-            with psycopg.connect(url) as conn:
-                row = conn.execute("SELECT count(*) FROM veracity_executions WHERE "
-                                   "deployment_id = 'bench' AND status = 'completed'"
-                                   ).fetchone()
-            if row is None or row[0] != n:
-                raise SystemExit(f"{row and row[0]} of {n} executions completed")
-            return
-        time.sleep(0.2)
-    raise SystemExit(f"not all {n} executions completed")
 
 
 async def list_pages(url: str) -> dict[str, float]:
@@ -257,11 +301,10 @@ def main(argv: list[str] | None = None) -> None:
                 have = size
             filled, base = interleaved_claims(empty, url, args.executions, args.runs)
             print(f"growth   postgresql  {size:,} terminal executions: 1 worker (defaults) "
-                  f"drains {args.executions:,} no-ops at {statistics.median(filled):,.0f}/s "
-                  f"(runs: {', '.join(f'{r:,.0f}' for r in filled)}); the empty table, "
-                  f"runs interleaved: {statistics.median(base):,.0f}/s "
-                  f"(runs: {', '.join(f'{r:,.0f}' for r in base)}): "
-                  f"{statistics.median(filled) / statistics.median(base):.0%}")
+                  f"drains {args.executions:,} no-ops: {describe(filled)}; the empty table, "
+                  f"runs interleaved: {describe(base)}; filled against empty: rate "
+                  f"{_median(filled, 'rate') / _median(base, 'rate'):.0%}, the database's "
+                  f"CPU an execution {_median(filled, 'db_cpu') / _median(base, 'db_cpu'):.0%}")
             pages = asyncio.run(list_pages(url))
             print(f"growth   postgresql  {size:,} terminal executions: first list page "
                   "(50), median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in pages.items()))
@@ -273,16 +316,29 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def interleaved_claims(empty: str, filled: str, n: int,
-                       runs: int) -> tuple[list[float], list[float]]:
+                       runs: int) -> tuple[list[Drain], list[Drain]]:
     """``runs`` drains on each database, alternating, the first of each pair switching
-    sides every run: (the filled table's rates, the empty table's)."""
-    on_filled: list[float] = []
-    on_empty: list[float] = []
+    sides every run: (the filled table's drains, the empty table's)."""
+    on_filled: list[Drain] = []
+    on_empty: list[Drain] = []
     for run in range(runs):
         order = [(filled, on_filled), (empty, on_empty)]
-        for database, rates in order if run % 2 == 0 else reversed(order):
-            rates.append(claims(database, n))
+        for database, drains in order if run % 2 == 0 else reversed(order):
+            drains.append(claims(database, n))
     return on_filled, on_empty
+
+
+def _median(drains: list[Drain], what: str) -> float:
+    return float(statistics.median(getattr(d, what) for d in drains))
+
+
+def describe(drains: list[Drain]) -> str:
+    """The medians of a size's drains, then each run's figures."""
+    return (f"{_median(drains, 'rate'):,.0f}/s, the database's CPU "
+            f"{_median(drains, 'db_cpu') * 1e6:.1f} µs and the worker's "
+            f"{_median(drains, 'worker_cpu') * 1e6:.1f} µs an execution (runs: "
+            + ", ".join(f"{d.rate:,.0f}/s {d.db_cpu * 1e6:.1f}/{d.worker_cpu * 1e6:.1f} µs"
+                        for d in drains) + ")")
 
 
 if __name__ == "__main__":
