@@ -43,8 +43,8 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from bench._util import scratch_pg_database
-from bench.scaling import backend_cpu_seconds, cpu_seconds
+from bench._util import backend_cpu_seconds, scratch_pg_database
+from bench.scaling import cpu_seconds
 from bench.workers import insert_noops, migrate, worker_procs
 from veracity.core.states import Status
 from veracity.maintenance.retention import RetentionService

@@ -27,7 +27,7 @@ import time
 
 import psycopg
 
-from bench._util import PG_URL, scratch_pg_database, server
+from bench._util import PG_URL, backend_cpu_seconds, scratch_pg_database, server
 from bench.workers import insert_noops, migrate, worker_procs
 from veracity.config import WorkerSettings
 
@@ -41,18 +41,6 @@ def cpu_seconds(pid: int) -> float:
     except FileNotFoundError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
-
-
-def backend_cpu_seconds(pid: int) -> float:
-    """A PostgreSQL backend's CPU seconds so far, to the nanosecond where the kernel keeps
-    ``/proc/PID/schedstat`` (its first field: the time on a CPU; a backend has one thread);
-    else ``cpu_seconds``' clock ticks (10 ms each, too coarse for a backend's share of a
-    drain of a few thousand executions). 0 for a backend that has exited."""
-    try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[0]) / 1e9
-    except FileNotFoundError:
-        return cpu_seconds(pid) if os.path.exists(f"/proc/{pid}") else 0.0
 
 
 def backend_pids(name: str) -> list[int]:

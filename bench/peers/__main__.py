@@ -16,6 +16,12 @@ Workloads (one fresh database each):
   ramp-up, which a drain of 2,000 jobs made most of PGQueuer's (its whole-drain rate
   rose from 1,255/s at 2,000 jobs to 2,123/s at 5,000 and 2,343/s at 10,000; two workers
   1,392, 2,629 and 3,864/s).
+- CPU a no-op job, 1 worker: the CPU time of the worker process and of the database's
+  backends serving that system's database (``/proc``; the harness's own connection and
+  PostgreSQL's shared background processes left out, for every system alike), from the
+  first count that saw a job finished to the one that saw none left, over the jobs
+  finished between them: what a job costs the machine, which moves less with the
+  machine's speed than a rate does.
 - submit-to-start: one idle worker, ``--samples`` jobs one at a time 20 ms apart; the job's
   start mark (``time.time()`` in the worker) minus the submitter's time before the call.
 - 3-step workflows: ``--steps-jobs`` workflows of three checkpointed steps, one worker;
@@ -37,13 +43,14 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import metadata
+from typing import Any
 
 import psycopg
 
-from bench._util import scratch_pg_database
+from bench._util import backend_cpu_seconds, process_cpu, scratch_pg_database
 from bench.peers.jobs import read_marks
 from bench.peers.systems import SYSTEMS, System
 
@@ -85,22 +92,49 @@ round trip included) at 2,000 rows, so the polls cost the database a few percent
 core, as much for every system."""
 
 
-def drain(system: System, url: str, n: int, timeout: float = 120
-          ) -> tuple[float | None, float | None]:
-    """(whole, steady) jobs/s while draining ``n`` jobs (see the module's doc); None if not
-    all finished. Whole: from the first poll that saw one finished to the poll that saw
-    none left. Steady: from the first poll that saw at most 90 % left to the first that
-    saw at most 10 % left, the jobs finished between them over that time."""
+Drain = tuple[float | None, float | None, float | None]
+"""A drain's (whole, steady) jobs/s and its CPU a job (see :func:`drain`)."""
+
+
+def drain(system: System, url: str, n: int, procs: Sequence[subprocess.Popen[bytes]] = (),
+          timeout: float = 120) -> Drain:
+    """(whole, steady) jobs/s while draining ``n`` jobs (see the module's doc), and the CPU
+    seconds a job of the worker processes ``procs`` and of the database's backends serving
+    them; None if not all finished. Whole: from the first poll that saw one finished to
+    the poll that saw none left. Steady: from the first poll that saw at most 90 % left to
+    the first that saw at most 10 % left, the jobs finished between them over that time.
+    CPU: from that first poll that saw one finished (the processes' start-up mostly behind
+    them) to the last, over the jobs finished between them."""
     samples: list[tuple[float, int]] = []
+    first: tuple[int, dict[tuple[str, int], float]] | None = None
     with psycopg.connect(url, autocommit=True) as conn:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             left = remaining(conn, system)
             samples.append((time.monotonic(), left))
+            if first is None and left < n:
+                first = (left, cpu_now(conn, procs))
             if left == 0:
-                return rates(samples, n)
+                cpu = None
+                if first is not None and first[0] > 0:
+                    end = cpu_now(conn, procs)
+                    cpu = sum(v - first[1].get(k, 0.0) for k, v in end.items()) / first[0]
+                return (*rates(samples, n), cpu)
             time.sleep(DRAIN_POLL)
-    return None, None
+    return None, None, None
+
+
+def cpu_now(conn: psycopg.Connection[Any], procs: Sequence[subprocess.Popen[bytes]]
+            ) -> dict[tuple[str, int], float]:
+    """CPU seconds so far of each worker process and of each backend of the connection's
+    database but its own (the harness's polls), by ("worker" or "db", pid). PostgreSQL's
+    shared background processes (WAL writer, checkpointer, autovacuum) are left out, for
+    every system alike."""
+    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND pid <> pg_backend_pid()").fetchall()
+    out = {("db", int(r[0])): backend_cpu_seconds(int(r[0])) for r in rows}
+    out.update({("worker", p.pid): process_cpu(p.pid) for p in procs})
+    return out
 
 
 def rates(samples: list[tuple[float, int]], n: int) -> tuple[float | None, float | None]:
@@ -146,13 +180,13 @@ def fresh(system: System) -> Iterator[str]:
 
 
 def throughput(system: System, n: int, procs: int, job: str = "noop"
-               ) -> tuple[float, tuple[float | None, float | None]]:
-    """(enqueue jobs/s, (whole, steady) drain jobs/s)."""
+               ) -> tuple[float, Drain]:
+    """(enqueue jobs/s, (whole jobs/s, steady jobs/s, CPU a job) of the drain)."""
     for url in fresh(system):
         rate, _ = asyncio.run(submit_all(system, url, [(job, f"k{i}") for i in range(n)]))
         # the warm-up job counts too
-        with workers(system, url, procs, job):
-            return rate, drain(system, url, n + 1)
+        with workers(system, url, procs, job) as started:
+            return rate, drain(system, url, n + 1, started)
     raise AssertionError
 
 
@@ -232,8 +266,9 @@ def fmt(values: list[float | None], unit: str = "") -> str:
     got = [v for v in values if v is not None]
     if not got:
         return "failed"
-    text = f"{statistics.median(got):,.0f}{unit}" if unit != " s" else \
-        f"{statistics.median(got):.1f} s"
+    text = (f"{statistics.median(got):.1f} s" if unit == " s" else
+            f"{statistics.median(got):.3f} ms" if unit == " ms" else
+            f"{statistics.median(got):,.0f}{unit}")
     if len(got) < len(values):
         text += f" ({len(values) - len(got)} of {len(values)} failed)"
     return text
@@ -286,11 +321,12 @@ def main(argv: list[str] | None = None) -> None:
         for system in systems:
             started = time.monotonic()
             if "throughput" in chosen:
-                enq, (whole1, rate1) = throughput(system, args.jobs, 1)
+                enq, (whole1, rate1, cpu1) = throughput(system, args.jobs, 1)
                 add(system, "enqueue", enq)
                 add(system, "noop1", rate1)
                 add(system, "noop1_whole", whole1)
-                enq, (whole2, rate2) = throughput(system, args.jobs, 2)
+                add(system, "cpu1", None if cpu1 is None else cpu1 * 1000)
+                enq, (whole2, rate2, _) = throughput(system, args.jobs, 2)
                 add(system, "enqueue", enq)
                 add(system, "noop2", rate2)
                 add(system, "noop2_whole", whole2)
@@ -301,7 +337,8 @@ def main(argv: list[str] | None = None) -> None:
                 add(system, "p99", p99)
                 add(system, "missed", float(missed))
             if system.has_steps and "steps" in chosen:
-                _, (steps_whole, steps) = throughput(system, args.steps_jobs, 1, job="steps")
+                _, (steps_whole, steps, _) = throughput(system, args.steps_jobs, 1,
+                                                        job="steps")
                 add(system, "steps", steps)
                 add(system, "steps_whole", steps_whole)
             if "recovery" in chosen:
@@ -312,11 +349,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"# round {r + 1} {system.name}: {time.monotonic() - started:.0f} s, "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
     print("| system | no-op jobs/s, 1 worker (steady / whole drain) | 2 workers (same) "
+          "| CPU a no-op job, 1 worker (worker + database) "
           "| enqueue jobs/s (one call each) "
           f"| same, {args.callers} callers at once | submit-to-start p50 / p99 "
           "| 3-step workflows/s (steady / whole) | kill -9: kill to all done "
           "| duplicates / losses (kill -9, all rounds) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for system in systems:
         res = results[system.name]
         if "latency" in chosen:
@@ -332,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
         recovery_text = ((fmt(res["recovery"], " s"), f"{total(res['dups']):.0f} / "
                           f"{total(res['lost']):.0f}") if "recovery" in chosen else ("-", "-"))
         print(f"| {system.name} | {pair(res, 'noop1')} | {pair(res, 'noop2')} | "
+              f"{fmt(res.get('cpu1', []), ' ms')} | "
               f"{fmt(res.get('enqueue', []))} | {fmt(res.get('enqueue_many', []))} | "
               f"{latency_text} | {steps_text} | "
               f"{recovery_text[0]} | {recovery_text[1]} |")
@@ -344,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
         parts = [f"{what} " + ", ".join("failed" if v is None else f"{v:,.{digits}f}"
                                          for v in res[what])
                  for what, digits in (("noop1", 0), ("noop1_whole", 0), ("noop2", 0),
-                                      ("noop2_whole", 0), ("enqueue", 0),
+                                      ("noop2_whole", 0), ("cpu1", 3), ("enqueue", 0),
                                       ("enqueue_many", 0), ("p50", 2), ("p99", 2),
                                       ("steps", 0), ("steps_whole", 0), ("recovery", 1))
                  if res.get(what)]
