@@ -43,8 +43,7 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from bench._util import backend_cpu_seconds, scratch_pg_database
-from bench.scaling import cpu_seconds
+from bench._util import backend_cpu_seconds, process_cpu, scratch_pg_database
 from bench.workers import insert_noops, migrate, worker_procs
 from veracity.core.states import Status
 from veracity.maintenance.retention import RetentionService
@@ -166,7 +165,7 @@ def claims(url: str, n: int) -> Drain:
         _checkpoint(url)
         before = {pid: backend_cpu_seconds(pid) for pid in _worker_backends(conn)}
         last = dict(before)
-        worker_before = cpu_seconds(worker.pid)
+        worker_before = process_cpu(worker.pid)
         insert_noops(url, n)
         deadline = time.monotonic() + 600
         while _unfinished(conn):
@@ -178,7 +177,7 @@ def claims(url: str, n: int) -> Drain:
             time.sleep(0.05)
         for pid in before:
             last[pid] = backend_cpu_seconds(pid) or last.get(pid, 0.0)
-        worker_cpu = cpu_seconds(worker.pid) - worker_before
+        worker_cpu = process_cpu(worker.pid) - worker_before
         row = conn.execute("SELECT count(*) FROM veracity_executions WHERE "
                            "deployment_id = 'bench' AND status = 'completed'").fetchone()
         if row is None or row[0] != n:
