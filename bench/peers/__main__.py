@@ -7,8 +7,11 @@ Workloads (one fresh database each):
 - enqueue: ``--jobs`` jobs submitted one call at a time by one client; jobs/s.
 - enqueue, ``--callers`` at once: ``--jobs`` jobs, each caller (a task of one process)
   submitting its share one call at a time; jobs/s.
-- no-op 1 / 2 workers: those jobs, then 1 (or 2) worker processes started; the harness
-  counts the jobs left every 10 ms (``DRAIN_POLL``). The table's jobs/s is the steady
+- no-op 1 / 2 workers: those jobs, then 1 (or 2) worker processes started together
+  (``held``: the harness locks the system's job table, starts the workers, and releases the
+  lock once each has a connection waiting for it, so that their start-ups are behind them
+  and two workers start draining at the same moment); the harness counts the jobs left
+  every 10 ms (``DRAIN_POLL``). The table's jobs/s is the steady
   rate: the jobs finished between the first count at or under 90 % of them left and the
   first at or under 10 %, over that time. The whole drain's rate (from the first count
   that saw one finished to the one that saw none left), which the table gave until
@@ -43,12 +46,14 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from bench._util import backend_cpu_seconds, process_cpu, scratch_pg_database
 from bench.peers.jobs import read_marks
@@ -77,6 +82,70 @@ def workers(system: System, url: str, n: int, job: str, recovery: bool = False,
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+HOLD_TIMEOUT = 30.0
+"""Seconds ``held`` waits for every worker to wait on the job table before it releases
+the lock anyway (and says so)."""
+
+
+@contextmanager
+def held(system: System, url: str
+         ) -> Iterator[Callable[[Sequence[subprocess.Popen[bytes]]], bool]]:
+    """While open, the system's job table is locked (``ACCESS EXCLUSIVE``): a worker started
+    meanwhile stops at its first read of it. ``release(procs)`` waits until each of the
+    worker processes ``procs`` has a connection waiting for that lock (at most
+    ``HOLD_TIMEOUT``), then releases it, and says whether they all were waiting. The
+    drain that follows measures workers that start together, their imports and
+    connections behind them, for every system alike: a drain of 2,000 no-ops lasts a
+    fifth of a second for Veracity, less than the spread of two processes' start-ups."""
+    table = sql.Identifier(*system.table.split("."))
+    with psycopg.connect(url) as lock, psycopg.connect(url, autocommit=True) as watch:
+        lock.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table))
+
+        def release(procs: Sequence[subprocess.Popen[bytes]]) -> bool:
+            deadline = time.monotonic() + HOLD_TIMEOUT
+            ready = False
+            while not ready and time.monotonic() < deadline:
+                waiting = {int(r[0]) for r in watch.execute(
+                    "SELECT a.client_port FROM pg_locks AS l JOIN pg_stat_activity AS a"
+                    " ON a.pid = l.pid WHERE l.relation = %s::regclass AND NOT l.granted"
+                    " AND a.client_port IS NOT NULL", [system.table]).fetchall()}
+                ready = all(local_ports(p.pid) & waiting for p in procs)
+                if not ready:
+                    time.sleep(DRAIN_POLL)
+            lock.commit()
+            return ready
+
+        yield release
+
+
+def local_ports(pid: int) -> set[int]:
+    """The local ports of a process's TCP sockets (Linux ``/proc``): matched against
+    ``pg_stat_activity.client_port``, they name the process behind a backend."""
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # it exited
+        return set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    ports = set()
+    for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def remaining(conn: psycopg.Connection[tuple[int]], system: System) -> int:
@@ -185,7 +254,10 @@ def throughput(system: System, n: int, procs: int, job: str = "noop"
     for url in fresh(system):
         rate, _ = asyncio.run(submit_all(system, url, [(job, f"k{i}") for i in range(n)]))
         # the warm-up job counts too
-        with workers(system, url, procs, job) as started:
+        with held(system, url) as release, workers(system, url, procs, job) as started:
+            if not release(started):
+                print(f"# {system.name}, {procs} worker(s): not every worker waited on the "
+                      f"job table within {HOLD_TIMEOUT:g} s; released anyway", flush=True)
             return rate, drain(system, url, n + 1, started)
     raise AssertionError
 

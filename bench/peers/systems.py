@@ -43,6 +43,7 @@ class System:
     name: str  # as in the table
     kind: str  # plain, veracity, pgqueuer, procrastinate, dbos
     remaining_sql: str  # jobs not finished yet
+    table: str  # the table of its jobs, which every worker reads to take one
     has_steps: bool = False
     dbos_polling: float = 1.0
     settings: tuple[tuple[str, str], ...] = ()
@@ -212,27 +213,33 @@ def procrastinate_app(url: str) -> Any:
 
 
 SYSTEMS = [
-    System("plain SKIP LOCKED", "plain", "SELECT count(*) FROM plain_jobs"),
+    System("plain SKIP LOCKED", "plain", "SELECT count(*) FROM plain_jobs", "plain_jobs"),
     System("Veracity (HTTP client)", "veracity",
            "SELECT count(*) FROM veracity_executions WHERE status <> 'completed'",
+           "veracity_executions",
            has_steps=True),
     System("Veracity (database client)", "veracity",
            "SELECT count(*) FROM veracity_executions WHERE status <> 'completed'",
+           "veracity_executions",
            has_steps=True, via="database"),
     # The settings docs/scaling.md ("Settings for short workflows") recommends for a host
     # of workers running short async workflows: worker.concurrency 512 (each claim of at
     # most 128, as at the default) instead of the default 256
     System("Veracity (tuned: concurrency 512, database client)", "veracity",
            "SELECT count(*) FROM veracity_executions WHERE status <> 'completed'",
+           "veracity_executions",
            has_steps=True, via="database",
            settings=(("VERACITY_WORKER_CONCURRENCY", "512"),)),
-    System("PGQueuer", "pgqueuer", "SELECT count(*) FROM pgqueuer"),
+    System("PGQueuer", "pgqueuer", "SELECT count(*) FROM pgqueuer", "pgqueuer"),
     System("Procrastinate", "procrastinate",
-           "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"),
+           "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
+           "procrastinate_jobs"),
     System("DBOS (default 1 s polling)", "dbos",
            "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('ENQUEUED', 'PENDING')",
+           "dbos.workflow_status",
            has_steps=True, dbos_polling=1.0),
     System("DBOS (10 ms polling)", "dbos",
            "SELECT count(*) FROM dbos.workflow_status WHERE status IN ('ENQUEUED', 'PENDING')",
+           "dbos.workflow_status",
            has_steps=True, dbos_polling=0.01),
 ]
