@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
@@ -59,8 +60,13 @@ def test_defaults() -> None:
 
 def test_settings_are_frozen() -> None:
     s = load_settings(env={})
-    with pytest.raises(ValueError, match="frozen"):
+    with pytest.raises(FrozenInstanceError, match="Settings is frozen: port"):
         s.port = 1
+    with pytest.raises(FrozenInstanceError, match="WorkerSettings is frozen: concurrency"):
+        s.worker.concurrency = 1
+    with pytest.raises(FrozenInstanceError, match="Settings is frozen: host cannot be deleted"):
+        del s.host
+    assert (s.port, s.worker.concurrency, s.host) == (8000, 256, "127.0.0.1")
 
 
 def test_file_only(tmp_path: Path) -> None:

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, core_schema
 
+from veracity._validated import Validated, setting
 from veracity.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -98,81 +98,81 @@ def references(template: str) -> list[str]:
 # Configuration: one [[http]] entry
 
 
-class HttpBinding(BaseModel):
+def _binding_name(value: Any) -> Any:
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise _invalid("binding_name", "a binding's name is 1 to 64 letters, digits, "
+                       f"'_' or '-' (starting with a letter or digit), got {value!r}")
+    return value
+
+
+def _binding_origin(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _invalid("origin", f"expected an origin such as 'https://api.example.com' "
+                       f"or 'http://127.0.0.1:8000', got {value!r}")
+    scheme, host, port = parse_origin(value)
+    return f"{scheme}://{_bracketed(host)}:{port}"
+
+
+def _binding_methods(value: Any) -> tuple[str, ...]:
+    if (not isinstance(value, list | tuple) or not value
+            or not all(isinstance(m, str) for m in value)):
+        raise _invalid("methods", "expected a non-empty list of HTTP methods, such as "
+                       f"[\"GET\", \"PUT\"], got {value!r}")
+    seen: list[str] = []
+    for method in value:
+        upper = method.strip().upper()
+        if upper not in METHODS:
+            raise _invalid("method", f"unknown method {method!r}: a binding may allow "
+                           f"{', '.join(METHODS)}")
+        if upper not in seen:
+            seen.append(upper)
+    return tuple(seen)
+
+
+def _binding_headers(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise _invalid("headers", "expected a table of header names to values, such as "
+                       '{ Authorization = "Bearer ${secret:api_token}" }')
+    out: dict[str, str] = {}
+    lowered: dict[str, str] = {}
+    for name, template in value.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise _invalid("header_name", f"{name!r} is not a header name")
+        if name.lower() in _FRAMING:
+            raise _invalid("header_name", f"{name}: a header the HTTP client sets itself; "
+                           "a binding cannot set it")
+        if name.lower() in lowered:
+            raise _invalid("header_name", f"{name}: given twice (also as "
+                           f"{lowered[name.lower()]}; header names ignore case)")
+        lowered[name.lower()] = name
+        if not isinstance(template, str):
+            raise _invalid("header_value", f"{name}: expected a string, got {template!r}")
+        literal = _REFERENCE.sub("", template)
+        if "${" in literal:
+            raise _invalid("header_value", f"{name}: a malformed secret reference: write "
+                           "${secret:NAME}, NAME being letters, digits and '_'")
+        if not _HEADER_TEXT.fullmatch(literal):
+            raise _invalid("header_value", f"{name}: only printable ASCII characters may "
+                           "be written in a header's value")
+        out[name] = template
+    return out
+
+
+def _before(check: Any, schema: core_schema.CoreSchema) -> core_schema.CoreSchema:
+    return core_schema.no_info_before_validator_function(check, schema)
+
+
+class HttpBinding(Validated):
     """One ``[[http]]`` entry as configured: nothing secret in it, only the names."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    origin: str
+    name: str = setting(_before(_binding_name, core_schema.str_schema()))
+    origin: str = setting(_before(_binding_origin, core_schema.str_schema()))
     """Normalised: ``scheme://host:port``, the port always written."""
-    methods: tuple[str, ...]
+    methods: tuple[str, ...] = setting(_before(
+        _binding_methods, core_schema.tuple_variable_schema(core_schema.str_schema())))
     """Upper case, in the order given, without repeats."""
-    headers: dict[str, str] = {}
-
-    @field_validator("name", mode="before")
-    @classmethod
-    def _name(cls, value: Any) -> Any:
-        if not isinstance(value, str) or not _NAME.fullmatch(value):
-            raise _invalid("binding_name", "a binding's name is 1 to 64 letters, digits, "
-                           f"'_' or '-' (starting with a letter or digit), got {value!r}")
-        return value
-
-    @field_validator("origin", mode="before")
-    @classmethod
-    def _origin(cls, value: Any) -> str:
-        if not isinstance(value, str):
-            raise _invalid("origin", f"expected an origin such as 'https://api.example.com' "
-                           f"or 'http://127.0.0.1:8000', got {value!r}")
-        scheme, host, port = parse_origin(value)
-        return f"{scheme}://{_bracketed(host)}:{port}"
-
-    @field_validator("methods", mode="before")
-    @classmethod
-    def _methods(cls, value: Any) -> tuple[str, ...]:
-        if (not isinstance(value, list | tuple) or not value
-                or not all(isinstance(m, str) for m in value)):
-            raise _invalid("methods", "expected a non-empty list of HTTP methods, such as "
-                           f"[\"GET\", \"PUT\"], got {value!r}")
-        seen: list[str] = []
-        for method in value:
-            upper = method.strip().upper()
-            if upper not in METHODS:
-                raise _invalid("method", f"unknown method {method!r}: a binding may allow "
-                               f"{', '.join(METHODS)}")
-            if upper not in seen:
-                seen.append(upper)
-        return tuple(seen)
-
-    @field_validator("headers", mode="before")
-    @classmethod
-    def _headers(cls, value: Any) -> dict[str, str]:
-        if not isinstance(value, Mapping):
-            raise _invalid("headers", "expected a table of header names to values, such as "
-                           '{ Authorization = "Bearer ${secret:api_token}" }')
-        out: dict[str, str] = {}
-        lowered: dict[str, str] = {}
-        for name, template in value.items():
-            if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
-                raise _invalid("header_name", f"{name!r} is not a header name")
-            if name.lower() in _FRAMING:
-                raise _invalid("header_name", f"{name}: a header the HTTP client sets itself; "
-                               "a binding cannot set it")
-            if name.lower() in lowered:
-                raise _invalid("header_name", f"{name}: given twice (also as "
-                               f"{lowered[name.lower()]}; header names ignore case)")
-            lowered[name.lower()] = name
-            if not isinstance(template, str):
-                raise _invalid("header_value", f"{name}: expected a string, got {template!r}")
-            literal = _REFERENCE.sub("", template)
-            if "${" in literal:
-                raise _invalid("header_value", f"{name}: a malformed secret reference: write "
-                               "${secret:NAME}, NAME being letters, digits and '_'")
-            if not _HEADER_TEXT.fullmatch(literal):
-                raise _invalid("header_value", f"{name}: only printable ASCII characters may "
-                               "be written in a header's value")
-            out[name] = template
-        return out
+    headers: dict[str, str] = setting(_before(_binding_headers, core_schema.dict_schema(
+        core_schema.str_schema(), core_schema.str_schema())), factory=dict)
 
     @property
     def secrets(self) -> list[str]:

@@ -18,22 +18,14 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-)
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError, ValidationError, core_schema
 
+from veracity._validated import Validated, setting
 from veracity.bindings import HttpBinding, check_bindings
 from veracity.errors import ConfigError
 
@@ -162,45 +154,87 @@ def _lowercase(value: object) -> object:
     return value.strip().lower() if isinstance(value, str) else value
 
 
-Duration = Annotated[float, BeforeValidator(_coerce_duration)]
-LogLevel = Literal["debug", "info", "warning", "error"]
+# Schemas (pydantic-core's, veracity/_validated.py): what each field takes
+
+
+def _int(*, ge: int | None = None, le: int | None = None) -> core_schema.CoreSchema:
+    return core_schema.int_schema(ge=ge, le=le)
+
+
+def _duration(*, gt: float | None = None, ge: float | None = None,
+              le: float | None = None) -> core_schema.CoreSchema:
+    """Seconds: a number, or a duration string (``parse_duration``)."""
+    return core_schema.no_info_before_validator_function(
+        _coerce_duration, core_schema.float_schema(gt=gt, ge=ge, le=le))
+
+
+def _str(*, min_length: int | None = None, max_length: int | None = None
+         ) -> core_schema.CoreSchema:
+    return core_schema.str_schema(min_length=min_length, max_length=max_length)
+
+
+def _path(value: str) -> Path:
+    try:
+        return Path(value)
+    except TypeError as exc:  # pragma: no cover - a str always makes a Path
+        raise PydanticCustomError("path_type", "Input is not a valid path") from exc
+
+
+_PATH = core_schema.union_schema(
+    [core_schema.is_instance_schema(Path),
+     core_schema.no_info_after_validator_function(_path, core_schema.str_schema(strict=True))],
+    custom_error_type="path_type",
+    custom_error_message="Input is not a valid path for <class 'pathlib.Path'>",
+)
+_BOOL = core_schema.bool_schema()
+_TABLE = core_schema.dict_schema(core_schema.str_schema(), core_schema.any_schema())
+"""A TOML table whose entries are checked later, by what reads them."""
+
+
+def _optional(schema: core_schema.CoreSchema) -> core_schema.CoreSchema:
+    return core_schema.nullable_schema(schema)
+
+
+def _after(check: Callable[[Any], Any], schema: core_schema.CoreSchema
+           ) -> core_schema.CoreSchema:
+    return core_schema.no_info_after_validator_function(check, schema)
+
 
 # ---------------------------------------------------------------------------
 # Models
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+def _heartbeat_below_ttl(value: float | None, info: core_schema.ValidationInfo
+                         ) -> float | None:
+    ttl = info.data.get("lease_ttl")  # absent when lease_ttl itself was invalid
+    if value is not None and ttl is not None and value >= ttl:
+        raise _invalid(
+            "heartbeat_too_long",
+            f"must be less than worker.lease_ttl ({ttl:g}s), or leases expire between beats",
+        )
+    return value
 
 
-class WorkerSettings(_Model):
+class WorkerSettings(Validated):
     """How a worker claims and keeps executions (docs/workers.md)."""
 
-    concurrency: int = Field(default=256, ge=1, le=10000)
-    lease_ttl: Duration = Field(default=120.0, gt=0)
+    concurrency: int = setting(_int(ge=1, le=10000), default=256)
+    lease_ttl: float = setting(_duration(gt=0), default=120.0)
     # Declared after lease_ttl so its validator can compare against it.
-    heartbeat_interval: Duration | None = Field(default=None, gt=0)
-    poll_interval: Duration = Field(default=1.0, gt=0)
-    shutdown_grace: Duration = Field(default=10.0, ge=0)
+    heartbeat_interval: float | None = setting(
+        core_schema.with_info_after_validator_function(
+            _heartbeat_below_ttl, _optional(_duration(gt=0))),
+        default=None)
+    poll_interval: float = setting(_duration(gt=0), default=1.0)
+    shutdown_grace: float = setting(_duration(ge=0), default=10.0)
     # LISTEN/NOTIFY wake-ups (PostgreSQL); workers always poll too.
-    notifications: bool = True
+    notifications: bool = setting(_BOOL, default=True)
     # An idle worker offers to take the next submission directly (PostgreSQL, with
     # notifications; docs/workers.md, "Hand-off to an idle worker").
-    handoff: bool = True
+    handoff: bool = setting(_BOOL, default=True)
     # `veracity worker` serves its Prometheus metrics here when set (docs/operations.md)
-    metrics_port: int | None = Field(default=None, ge=1, le=65535)
-    metrics_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
-
-    @field_validator("heartbeat_interval")
-    @classmethod
-    def _heartbeat_below_ttl(cls, value: float | None, info: ValidationInfo) -> float | None:
-        ttl = info.data.get("lease_ttl")  # absent when lease_ttl itself was invalid
-        if value is not None and ttl is not None and value >= ttl:
-            raise _invalid(
-                "heartbeat_too_long",
-                f"must be less than worker.lease_ttl ({ttl:g}s), or leases expire between beats",
-            )
-        return value
+    metrics_port: int | None = setting(_optional(_int(ge=1, le=65535)), default=None)
+    metrics_host: str = setting(_str(min_length=1, max_length=255), default="127.0.0.1")
 
     @property
     def effective_heartbeat_interval(self) -> float:
@@ -208,53 +242,52 @@ class WorkerSettings(_Model):
         return self.heartbeat_interval or self.lease_ttl / 4
 
 
-class ServerSettings(_Model):
+class ServerSettings(Validated):
     """How ``veracity server`` treats its HTTP connections (docs/operations.md)."""
 
     # A request whose headers and body have not all arrived this long after it began (or
     # after the connection opened) is cut off: slow clients cannot hold connections.
-    read_timeout: Duration = Field(default=30.0, ge=1, le=3600)
+    read_timeout: float = setting(_duration(ge=1, le=3600), default=30.0)
     # Connections (and requests in flight) beyond this are answered 503 at once.
-    max_connections: int = Field(default=1000, ge=1, le=100_000)
+    max_connections: int = setting(_int(ge=1, le=100_000), default=1000)
 
 
-class RecoverySettings(_Model):
+class RecoverySettings(Validated):
     """The service that recovers executions whose lease expired."""
 
-    interval: Duration = Field(default=30.0, gt=0)
-    max_attempts: int = Field(default=5, ge=1)
+    interval: float = setting(_duration(gt=0), default=30.0)
+    max_attempts: int = setting(_int(ge=1), default=5)
 
 
-class ReconcilerSettings(_Model):
+class ReconcilerSettings(Validated):
     """The external-execution reconciler (docs/external.md)."""
 
-    interval: Duration = Field(default=120.0, gt=0)
-    concurrency: int = Field(default=16, ge=1)
-    engine_timeout: Duration = Field(default=10.0, gt=0)
+    interval: float = setting(_duration(gt=0), default=120.0)
+    concurrency: int = setting(_int(ge=1), default=16)
+    engine_timeout: float = setting(_duration(gt=0), default=10.0)
     # A run past its limit, or asked to stop, whose stop the engine has not confirmed for
     # this long is flagged for an operator. At least a second, at most 30 days.
-    stop_flag_after: Duration = Field(default=600.0, ge=1, le=30 * 86400)
+    stop_flag_after: float = setting(_duration(ge=1, le=30 * 86400), default=600.0)
 
 
 MAX_RETENTION = 36_500 * 86400.0
 """``retention.terminal`` and ``veracity prune --older-than`` at most: 100 years."""
 
 
-class RetentionSettings(_Model):
+def _within_dates(value: float) -> float:
+    if value > MAX_RETENTION:
+        raise _invalid("retention_too_long", "at most 36500d (100 years)")
+    return value
+
+
+class RetentionSettings(Validated):
     """Retention: ended executions deleted with their history (docs/operations.md)."""
 
     # terminal executions that ended this long ago are deleted; 0 keeps everything; at
     # most MAX_RETENTION (a cutoff further back than that is no date)
-    terminal: Duration = Field(default=30 * 86400.0, ge=0)
+    terminal: float = setting(_after(_within_dates, _duration(ge=0)), default=30 * 86400.0)
     # how often every server runs retention (one of them at a time)
-    interval: Duration = Field(default=600.0, ge=1, le=86400)
-
-    @field_validator("terminal")
-    @classmethod
-    def _within_dates(cls, value: float) -> float:
-        if value > MAX_RETENTION:
-            raise _invalid("retention_too_long", "at most 36500d (100 years)")
-        return value
+    interval: float = setting(_duration(ge=1, le=86400), default=600.0)
 
     @property
     def enabled(self) -> bool:
@@ -275,59 +308,69 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
-class AuthSettings(_Model):
+class AuthSettings(Validated):
     """API tokens on the HTTP API (docs/security.md)."""
 
     # None: required unless the server binds to a loopback address (Settings.auth_required)
-    required: bool | None = None
+    required: bool | None = setting(_optional(_BOOL), default=None)
 
 
-class Settings(_Model):
+def _app_shape(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"[\w.]+:[\w.]+", value):
+        raise _invalid(
+            "app_shape",
+            f"must be 'module:attribute' (e.g. 'myapp.workflows:app'), got {value!r}",
+        )
+    return value
+
+
+def _bindings_unique(value: list[HttpBinding]) -> list[HttpBinding]:
+    check_bindings(value)
+    return value
+
+
+def _nested(cls: type[Validated]) -> Any:
+    """A table of settings, its own defaults when absent."""
+    return setting(cls.__core_schema__, factory=cls)
+
+
+class Settings(Validated):
     """Everything a Veracity process is configured with."""
 
-    config_path: Path | None = None
-    database_url: str = Field(default="sqlite:///./veracity.db", min_length=1)
-    app: str | None = None
-    host: str = Field(default="127.0.0.1", min_length=1)
-    port: int = Field(default=8000, ge=1, le=65535)
-    deployment_id: str | None = Field(default=None, min_length=1, max_length=128)
-    max_payload_bytes: int = Field(default=1048576, ge=1024)
-    log_level: Annotated[LogLevel, BeforeValidator(_lowercase)] = "info"
+    config_path: Path | None = setting(_optional(_PATH), default=None)
+    database_url: str = setting(_str(min_length=1), default="sqlite:///./veracity.db")
+    app: str | None = setting(_after(_app_shape, _optional(_str())), default=None)
+    host: str = setting(_str(min_length=1), default="127.0.0.1")
+    port: int = setting(_int(ge=1, le=65535), default=8000)
+    deployment_id: str | None = setting(_optional(_str(min_length=1, max_length=128)),
+                                        default=None)
+    max_payload_bytes: int = setting(_int(ge=1024), default=1048576)
+    log_level: str = setting(core_schema.no_info_before_validator_function(
+        _lowercase, core_schema.literal_schema(["debug", "info", "warning", "error"])),
+        default="info")
     # veracity/_heap.py: the youngest generation's threshold once a long-running process
     # has started; 0 leaves Python's (or the app's) thresholds as they are
-    gc_young_threshold: int = Field(default=10_000, ge=0, le=10_000_000)
-    worker: WorkerSettings = Field(default_factory=WorkerSettings)
-    server: ServerSettings = Field(default_factory=ServerSettings)
-    recovery: RecoverySettings = Field(default_factory=RecoverySettings)
-    reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
-    retention: RetentionSettings = Field(default_factory=RetentionSettings)
-    public_url: str | None = None
-    auth: AuthSettings = Field(default_factory=AuthSettings)
+    gc_young_threshold: int = setting(_int(ge=0, le=10_000_000), default=10_000)
+    worker: WorkerSettings = _nested(WorkerSettings)
+    server: ServerSettings = _nested(ServerSettings)
+    recovery: RecoverySettings = _nested(RecoverySettings)
+    reconciler: ReconcilerSettings = _nested(ReconcilerSettings)
+    retention: RetentionSettings = _nested(RetentionSettings)
+    public_url: str | None = setting(_optional(_str()), default=None)
+    auth: AuthSettings = _nested(AuthSettings)
     # File-only tables, validated entry by entry at start (veracity.adapters.config.parse_external,
     # veracity.core.cron.parse_cron_entries): their errors name the entry at fault.
-    engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    external_workflow: list[dict[str, Any]] = Field(default_factory=list)
+    engines: dict[str, dict[str, Any]] = setting(
+        core_schema.dict_schema(core_schema.str_schema(), _TABLE), factory=dict)
+    external_workflow: list[dict[str, Any]] = setting(core_schema.list_schema(_TABLE),
+                                                      factory=list)
     # Secret header bindings of ctx.http (docs/http.md): names of secrets, never values;
     # the values are read at the start of a server or worker (veracity.bindings).
-    http: list[HttpBinding] = Field(default_factory=list)
-    secrets_file: Path | None = None
-
-    @field_validator("http")
-    @classmethod
-    def _bindings_unique(cls, value: list[HttpBinding]) -> list[HttpBinding]:
-        check_bindings(value)
-        return value
-    cron: list[dict[str, Any]] = Field(default_factory=list)
-
-    @field_validator("app")
-    @classmethod
-    def _app_shape(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[\w.]+:[\w.]+", value):
-            raise _invalid(
-                "app_shape",
-                f"must be 'module:attribute' (e.g. 'myapp.workflows:app'), got {value!r}",
-            )
-        return value
+    http: list[HttpBinding] = setting(
+        _after(_bindings_unique, core_schema.list_schema(HttpBinding.__core_schema__)),
+        factory=list)
+    secrets_file: Path | None = setting(_optional(_PATH), default=None)
+    cron: list[dict[str, Any]] = setting(core_schema.list_schema(_TABLE), factory=list)
 
     @property
     def auth_required(self) -> bool:
