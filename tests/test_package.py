@@ -85,12 +85,13 @@ def test_a_worker_starts_without_the_web_stack() -> None:
     run, an engine's adapter only when one is configured), nor the API's service and the
     cron parser, which a worker does not use (some 30 to 50 ms of its start-up), nor
     pydantic: the settings are validated by pydantic-core alone (veracity/_validated.py;
-    pydantic's modules and models cost some 60 ms more)."""
+    pydantic's modules and models cost some 60 ms more), nor the Prometheus client,
+    loaded only by a worker that serves its metrics (some 20 ms)."""
     code = ("import sys, veracity.cli.main, veracity.worker.main, veracity.worker.runner, "
             "veracity.store.postgres; "
             "print(sorted(m for m in ('fastapi', 'starlette', 'httpx', 'aiohttp', "
             "'veracity.api.schemas', 'veracity.adapters.n8n', 'veracity.control', "
-            "'croniter', 'pydantic') if m in sys.modules))")
+            "'croniter', 'pydantic', 'prometheus_client') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]", out.stdout

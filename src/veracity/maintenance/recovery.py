@@ -24,13 +24,16 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from prometheus_client import CollectorRegistry, Counter
+from typing import TYPE_CHECKING
 
 from veracity.core.recovery import RecoveryAction, Registered, gone_workers
 from veracity.host import pid_gone
 from veracity.store.protocol import MaintenanceStore
-from veracity.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from veracity.telemetry import Telemetry
 
 log = logging.getLogger("veracity.recovery")
 
@@ -48,6 +51,8 @@ class RecoveryResult:
 
 class RecoveryMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import Counter  # a worker without metrics never loads it
+
         self.ticks = Counter("veracity_recovery_ticks", "Recovery ticks by outcome",
                              ["outcome"], registry=registry)
         self.actions = Counter("veracity_recovery_actions", "Executions recovered, by action",

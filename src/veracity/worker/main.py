@@ -6,10 +6,7 @@ import asyncio
 import logging
 import signal
 import traceback
-from typing import Any
-from wsgiref.simple_server import WSGIServer
-
-from prometheus_client import start_http_server
+from typing import TYPE_CHECKING, Any
 
 from veracity._heap import settle
 from veracity.adapters import build_engines, close_engines
@@ -23,8 +20,12 @@ from veracity.maintenance._loop import run_forever
 from veracity.maintenance.recovery import RecoveryMetrics, RecoveryService
 from veracity.runtime import deployment_id_for, load_user_app, redact_url
 from veracity.store import Store, open_store
-from veracity.telemetry import Telemetry
 from veracity.worker.runner import RateLimitedLog, Worker
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from veracity.telemetry import Telemetry
 
 log = logging.getLogger("veracity.worker")
 
@@ -58,6 +59,8 @@ def serve_metrics(settings: Settings, telemetry: Telemetry) -> WSGIServer | None
     port = settings.worker.metrics_port
     if port is None:
         return None
+    from prometheus_client import start_http_server
+
     try:
         server, _ = start_http_server(port, settings.worker.metrics_host,
                                       registry=telemetry.registry)
@@ -128,7 +131,13 @@ async def run_worker(settings: Settings) -> int:
         raise
     engines = build_engines(external)
     try:
-        telemetry = Telemetry()
+        # metrics are counted where they are served: a worker without worker.metrics_port
+        # never loads the Prometheus client (some 20 ms of its start; bench/README.md)
+        telemetry: Telemetry | None = None
+        if settings.worker.metrics_port is not None:
+            from veracity.telemetry import Telemetry
+
+            telemetry = Telemetry()
         worker = Worker(
             store, app, settings=settings.worker,
             deployment_id=deployment_id_for(settings, app),
@@ -136,14 +145,15 @@ async def run_worker(settings: Settings) -> int:
         )
         if stop.is_set():
             return 0
-        exporter = serve_metrics(settings, telemetry)
+        exporter = serve_metrics(settings, telemetry) if telemetry is not None else None
         print(f"Veracity worker {worker.id} running {len(worker.ffqns)} workflows "
               f"on {redact_url(settings.database_url)}", flush=True)
         # lease recovery runs in every worker too (one runner at a time across all
         # processes, by its lock): workers with no live server still recover, and a worker
         # killed beside this one is recovered at once (docs/workers.md)
         recovery = RecoveryService(store, max_attempts=settings.recovery.max_attempts,
-                                   metrics=RecoveryMetrics(telemetry.registry),
+                                   metrics=(RecoveryMetrics(telemetry.registry)
+                                            if telemetry is not None else None),
                                    telemetry=telemetry, host_key=host_key())
         recovering = asyncio.create_task(
             run_forever(recovery, settings.recovery.interval, stop), name="veracity-recovery")

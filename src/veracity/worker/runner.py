@@ -42,7 +42,6 @@ from veracity.host import host_key
 from veracity.models import JSON, Claim, Execution, TransitionResult, WorkerInfo
 from veracity.store._common import claim_split
 from veracity.store.protocol import WorkerStore
-from veracity.telemetry import Telemetry
 from veracity.worker.context import (
     Context,
     ExecutionInterrupted,
@@ -56,6 +55,7 @@ from veracity.worker.journal import retries_made
 from veracity.worker.trigger import trigger
 
 if TYPE_CHECKING:
+    from veracity.telemetry import Telemetry
     from veracity.worker._http_client import HttpClient
 
 log = logging.getLogger("veracity.worker")

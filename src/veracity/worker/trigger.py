@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import secrets
 import uuid
+from typing import TYPE_CHECKING
 
 from veracity.adapters.base import CallbackInfo, Engine, StartOutcome
 from veracity.adapters.config import ExternalWorkflow
@@ -14,7 +15,9 @@ from veracity.core.states import Status
 from veracity.models import Claim, Execution, ReconcileAction
 from veracity.store import token_hash
 from veracity.store.protocol import WorkerStore
-from veracity.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from veracity.telemetry import Telemetry
 
 log = logging.getLogger("veracity.worker")
 
