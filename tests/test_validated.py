@@ -3,6 +3,8 @@ model with the same fields would validate them."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -67,6 +69,27 @@ def test_model_validate_copy_and_dump() -> None:
     assert p.model_dump() == {"x": 4, "y": 0, "tags": ["a"]}
     dumped = Settings(worker={"concurrency": 7}).model_dump()
     assert dumped["worker"]["concurrency"] == 7 and dumped["http"] == []
+
+
+def test_copied_and_pickled() -> None:
+    s = Settings(worker={"concurrency": 3}, http=[{
+        "name": "api", "origin": "http://127.0.0.1:9", "methods": ["GET"]}])
+    for again in (copy.copy(s), copy.deepcopy(s), pickle.loads(pickle.dumps(s))):
+        assert again == s and again is not s and again.worker.concurrency == 3
+        with pytest.raises(FrozenInstanceError):
+            again.port = 1
+
+
+class Point3(Point):
+    z: int = setting(core_schema.int_schema(), default=9)
+
+
+def test_a_subclass_adds_its_fields_after_its_parents() -> None:
+    assert Point3.model_fields == ("x", "y", "tags", "z")
+    p = Point3(x=1, z="4")
+    assert (p.x, p.y, p.z) == (1, 0, 4) and Point.model_fields == ("x", "y", "tags")
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        Point(x=1, z=4)
 
 
 def test_the_class_keeps_no_default_as_an_attribute() -> None:

@@ -2,7 +2,7 @@
 
 The settings (``veracity.config``) and the ``[[http]]`` entries (``veracity.bindings``) are
 read by every command, ``veracity worker`` included. As pydantic models they cost a worker
-some 60 to 75 ms of its start on a slow machine: pydantic's own modules and building each
+some 60 ms of its start on a slow machine: pydantic's own modules and building each
 model's schema from its annotations. Here each class states its schema in pydantic-core's
 terms (``pydantic_core.core_schema``), the validator pydantic itself would build from it:
 the same coercions (``"8"`` is the integer 8, ``"yes"`` is true), the same checks and the
@@ -10,12 +10,13 @@ same error messages and locations (``pydantic_core.ValidationError``, which is
 ``pydantic.ValidationError``), without importing pydantic (bench/startup.py measures the
 start).
 
-A class lists its fields in order, each ``name: type = setting(schema, default=...)``;
-:class:`Validated` builds the validator when the class is defined. Instances are frozen
+A class lists its fields in order, each ``name: type = setting(schema, default=...)``
+(a subclass's after those it inherits); :class:`Validated` builds the validator when the
+class is defined. Instances are frozen
 (setting a field raises ``dataclasses.FrozenInstanceError``, as a frozen dataclass does);
 ``Class(**values)`` and ``Class.model_validate(mapping)`` validate, ``model_copy(update=)``
 (as pydantic's, it does not validate the update) and ``model_dump()`` are there as on a
-pydantic model.
+pydantic model; instances can be copied and pickled.
 """
 
 from __future__ import annotations
@@ -67,14 +68,17 @@ class Validated:
     __core_schema__: ClassVar[core_schema.CoreSchema]
     model_fields: ClassVar[tuple[str, ...]]
     """The fields' names, in order."""
+    __settings__: ClassVar[dict[str, _Setting]] = {}
     __pydantic_fields_set__: set[str]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        declared = {name: value for name, value in vars(cls).items()
-                    if isinstance(value, _Setting)}
-        for name in declared:  # the instance's values are its fields, not these
+        own = {name: value for name, value in vars(cls).items()
+               if isinstance(value, _Setting)}
+        for name in own:  # the instance's values are its fields, not these
             delattr(cls, name)
+        declared = {**cls.__settings__, **own}  # the parent's first
+        cls.__settings__ = declared
         cls.model_fields = tuple(declared)
         cls.__core_schema__ = core_schema.model_schema(
             cls,
@@ -107,6 +111,15 @@ class Validated:
     def model_dump(self) -> dict[str, Any]:
         """The fields as a dict, nested settings as dicts too."""
         return {name: _dumped(value) for name, value in self.__dict__.items()}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"values": self.__dict__, "set": self.__pydantic_fields_set__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        object.__setattr__(self, "__dict__", state["values"])
+        object.__setattr__(self, "__pydantic_fields_set__", state["set"])
+        object.__setattr__(self, "__pydantic_extra__", None)
+        object.__setattr__(self, "__pydantic_private__", None)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise FrozenInstanceError(f"{type(self).__name__} is frozen: {name} cannot be set")
