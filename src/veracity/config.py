@@ -173,16 +173,9 @@ def _str(*, min_length: int | None = None, max_length: int | None = None
     return core_schema.str_schema(min_length=min_length, max_length=max_length)
 
 
-def _path(value: str) -> Path:
-    try:
-        return Path(value)
-    except TypeError as exc:  # pragma: no cover - a str always makes a Path
-        raise PydanticCustomError("path_type", "Input is not a valid path") from exc
-
-
 _PATH = core_schema.union_schema(
     [core_schema.is_instance_schema(Path),
-     core_schema.no_info_after_validator_function(_path, core_schema.str_schema(strict=True))],
+     core_schema.no_info_after_validator_function(Path, core_schema.str_schema(strict=True))],
     custom_error_type="path_type",
     custom_error_message="Input is not a valid path for <class 'pathlib.Path'>",
 )
