@@ -539,10 +539,18 @@ class PostgresStore(SharedMethods):
         channel = f"veracity_session_check_{uuid.uuid4().hex}"
         conn = await psycopg.AsyncConnection.connect(
             self._url, autocommit=True, connect_timeout=self._connect_timeout)
+        heard = False
         try:
             await conn.execute(f"LISTEN {channel}")
             await self._fetchall("session_check_notify", {"channel": channel})
-            heard = [n async for n in conn.notifies(timeout=wait, stop_after=1)]
+            # only our own channel counts: through a pooler in transaction mode a server
+            # connection keeps the LISTENs of the clients it served before, and another
+            # process's check notification can reach this connection while it is linked
+            # to that server connection (seen with five commands started at once)
+            deadline = time.monotonic() + wait
+            while not heard and (left := deadline - time.monotonic()) > 0:
+                async for note in conn.notifies(timeout=left, stop_after=1):
+                    heard = note.channel == channel
         finally:
             await conn.close()
         if not heard:
