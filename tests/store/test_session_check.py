@@ -3,11 +3,11 @@
 
 Through a pooler in transaction mode a server connection keeps the LISTENs of the clients
 it served before, so a notification on another process's check channel can reach this
-process's listening connection while it is linked to that server connection: five
-`veracity` commands started at once through pgbouncer once let `submit` run that way
-(tests/pooler/test_pgbouncer.py). Here that delivery is made on a direct connection: the
-listening connection also listens on a foreign channel, and the notification the check
-sends goes there instead of to the check's own channel."""
+process's listening connection while it is linked to that server connection: the likely
+way `submit`, one of five `veracity` commands started at once through pgbouncer, once ran
+through transaction mode (tests/pooler/test_pgbouncer.py). Here that delivery is made on a
+direct connection: the listening connection also listens on a foreign channel, and the
+notification the check sends goes there instead of to the check's own channel."""
 
 from __future__ import annotations
 

@@ -546,7 +546,8 @@ class PostgresStore(SharedMethods):
             # only our own channel counts: through a pooler in transaction mode a server
             # connection keeps the LISTENs of the clients it served before, and another
             # process's check notification can reach this connection while it is linked
-            # to that server connection (seen with five commands started at once)
+            # to that server connection (the likely way one of five commands started at
+            # once through pgbouncer passed the check; tests/store/test_session_check.py)
             deadline = time.monotonic() + wait
             while not heard and (left := deadline - time.monotonic()) > 0:
                 async for note in conn.notifies(timeout=left, stop_after=1):
