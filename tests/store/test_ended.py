@@ -9,8 +9,21 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
-from tests.store._support import StoreFactory, claim_exactly, new_execution, unique_ffqn
+import pytest
+
+from tests.store._support import (
+    StoreFactory,
+    claim_exactly,
+    new_child,
+    new_execution,
+    submit_unique,
+    unique_ffqn,
+)
+from tests.store.test_engine_cancel import waiting_parent
+from tests.store.test_external import TOKEN, attached, end_action, operator_ends
 from veracity.clock import ManualClock
+from veracity.core.requests import CallbackReport, InterruptKind
+from veracity.core.states import Status
 from veracity.models import Claim
 from veracity.store import Store
 
@@ -106,3 +119,92 @@ async def test_signals_stop_when_the_context_ends(store: Store) -> None:
     assert (await store.execution_complete_if_owned(claim, 1)).applied
     await asyncio.sleep(0.2)
     assert calls == []
+
+
+# Every statement that ends an execution signals (queries.sql's `ended_note`): a wait on
+# GET /v1/executions/{id}?wait= must not depend on its periodic check for any of them.
+ENDINGS = ["stopped_by_its_worker_after_a_cancel", "cancelled_with_its_parent",
+           "recovered_out_of_attempts", "completed_by_the_engines_callback",
+           "ended_by_the_engines_answer", "ended_by_the_reconciler", "forced_by_an_operator"]
+
+
+async def _ending(store: Store, clock: ManualClock, how: str
+                  ) -> tuple[uuid.UUID, Callable[[], Awaitable[None]]]:
+    """An unfinished execution and what ends it (by the way named ``how``)."""
+    if how == "stopped_by_its_worker_after_a_cancel":
+        ex = await submit_unique(store, cancellable=True)
+        claim = await claim_exactly(store, ex.id)
+        assert (await store.execution_cancel(ex.id)).changed  # asked; still running
+
+        async def end() -> None:
+            assert (await store.execution_stop_if_owned(claim, InterruptKind.CANCEL)).applied
+        return ex.id, end
+    if how == "cancelled_with_its_parent":
+        root = await submit_unique(store, cancellable=True)
+        child = new_child(root.id, cancellable=True)
+        await waiting_parent(store, root.id, [child])
+
+        async def end() -> None:
+            (result,) = await store.execution_cancel_many([root.id], actor="op")
+            assert result.changed
+        return child.id, end
+    if how == "recovered_out_of_attempts":
+        ex = await submit_unique(store)
+        await claim_exactly(store, ex.id, ttl=timedelta(seconds=1))
+        clock.advance(2)
+
+        async def end() -> None:
+            (recovered,) = await store.execution_recover_expired(max_attempts=1, limit=10)
+            assert recovered.execution.id == ex.id
+        return ex.id, end
+    eid = await attached(store, "run-1")
+    if how == "completed_by_the_engines_callback":
+        async def end() -> None:
+            res = await store.execution_callback(eid, TOKEN, CallbackReport.COMPLETE, 1)
+            assert res.outcome == "applied"
+    elif how == "ended_by_the_engines_answer":
+        async def end() -> None:
+            assert (await store.execution_end_external(
+                eid, to=Status.FAILED, expected_external_id="run-1")).changed
+    elif how == "ended_by_the_reconciler":
+        async def end() -> None:
+            action = end_action(eid, "run-1", "the engine's run ended")
+            assert await store.execution_reconcile_apply([action]) == [action]
+    else:
+        assert how == "forced_by_an_operator"
+
+        async def end() -> None:
+            assert (await operator_ends(store, eid)).changed
+    return eid, end
+
+
+@pytest.mark.parametrize("how", ENDINGS)
+async def test_every_way_an_execution_ends_signals(
+    store: Store, clock: ManualClock, open_extra_store: StoreFactory, how: str
+) -> None:
+    """Heard by another store instance (another process, on PostgreSQL)."""
+    other = await open_extra_store()
+    eid, end = await _ending(store, clock, how)
+    assert await store.execution_ended_among([eid]) == set()
+    assert await _signalled(store, other, end)
+    assert await store.execution_ended_among([eid]) == {eid}
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # SQLite wakes on every commit
+async def test_a_write_that_ends_nothing_signals_nothing(store: Store) -> None:
+    """What makes the tests above able to fail: on PostgreSQL the signal is the ending
+    statement's, not any write's."""
+    ex = await submit_unique(store, cancellable=True)
+    calls: list[int] = []
+    async with store.ended_signals(lambda: calls.append(1)):
+        claim = await claim_exactly(store, ex.id)
+        assert (await store.execution_cancel(ex.id)).changed  # asked, not ended
+        await _submitted(store)
+        await asyncio.sleep(0.3)
+        assert calls == []
+        assert (await store.execution_stop_if_owned(claim, InterruptKind.CANCEL)).applied
+        for _ in range(500):
+            if calls:
+                break
+            await asyncio.sleep(0.01)
+    assert calls
