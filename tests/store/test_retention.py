@@ -4,13 +4,21 @@ against every backend."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.store._support import RawSQL, claim_exactly, get, new_child, submit_unique
+from tests.store._support import (
+    RawSQL,
+    StoreFactory,
+    claim_exactly,
+    get,
+    new_child,
+    submit_unique,
+)
 from tests.store.test_engine_ops import finish, running
 from tests.store.test_external import attached, operator_ends
 from veracity.clock import ManualClock
@@ -361,3 +369,52 @@ async def test_bad_calls_are_refused_before_reading(store: Store, bad: dict[str,
                                                      ) -> None:
     with pytest.raises(ValueError):
         await store.execution_prune(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # SQLite: one write lock for every write
+async def test_a_batch_holds_no_lock_that_a_worker_waits_on(
+    store: Store, clock: ManualClock, raw: RawSQL, open_extra_store: StoreFactory
+) -> None:
+    """docs/operations.md, Retention: a batch locks only the ended rows it deletes, so a
+    worker never waits on it. The batch is held inside its transaction, its locks taken
+    (a trigger sleeps before it deletes the executions), while a worker of another store
+    submits, claims, heartbeats, blocks, is sent a message, completes, fails, is
+    cancelled and has an expired lease recovered: each is done before the batch ends."""
+    clock.set(T0)
+    olds = [(await ended(store)).id, (await ended(store, "failed")).id]
+    clock.set(T0 + 10 * DAY)
+    to_complete, to_fail, to_block = [await running(store) for _ in range(3)]
+    expiring = await claim_exactly(store, (await submit_unique(store)).id,
+                                   owner="worker-gone", ttl=timedelta(seconds=1))
+    to_cancel = await submit_unique(store, cancellable=True)
+    raw.execute("CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN PERFORM pg_sleep(3); RETURN NULL; END $$")
+    raw.execute("CREATE TRIGGER test_hold BEFORE DELETE ON veracity_executions "
+                "FOR EACH STATEMENT EXECUTE FUNCTION test_hold()")
+    worker = await open_extra_store()
+    batch = asyncio.create_task(store.execution_prune(cutoff=T0 + 5 * DAY))
+    for _ in range(500):  # until the batch sleeps, its rows locked
+        if raw.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                      "AND datname = current_database()"):
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the batch never reached its delete")
+    assert not batch.done()
+
+    submitted = await submit_unique(worker)
+    claim = await claim_exactly(worker, submitted.id)
+    assert await worker.lease_renew(claim.owner, [claim], timedelta(seconds=30)) == [claim]
+    assert (await worker.execution_block_if_owned(
+        to_block, wake_at=None, seen_signal=0, events=[], reason="wait")).applied
+    assert (await worker.message_send(to_block.execution_id, "t", 1)).changed
+    assert (await worker.execution_complete_if_owned(to_complete, 1)).applied
+    assert (await worker.execution_fail_if_owned(to_fail, {"code": "x"})).applied
+    assert (await worker.execution_cancel(to_cancel.id)).changed
+    clock.advance(2)
+    (recovered,) = await worker.execution_recover_expired(max_attempts=3)
+    assert recovered.execution.id == expiring.execution_id
+    assert not batch.done()  # all of it while the batch held its locks
+
+    done = await batch
+    assert done.executions == 2 and await gone(store, *olds)
