@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.client.conftest import ECHO, FAIL, HOLD
-from tests.test_server import Server, free_port
+from tests.test_server import VERACITY, Server, free_port, server_env
 from veracity import (
     ApiError,
     AsyncClient,
@@ -26,7 +29,14 @@ from veracity import (
     Submission,
     WaitTimeout,
 )
-from veracity.client import ConflictError, InvalidRequest, NotFoundError, Unauthorized
+from veracity.client import (
+    ConflictError,
+    Forbidden,
+    InvalidRequest,
+    NotFoundError,
+    PayloadTooLarge,
+    Unauthorized,
+)
 
 
 def test_every_method_of_the_client(live: Server) -> None:
@@ -217,6 +227,146 @@ async def test_many_single_submissions_at_once(live: Server) -> None:
     # 1 + 47 submissions, in fewer writes than submissions: some shared a transaction
     assert writes["veracity_submission_write_size_sum"] == 48
     assert writes["veracity_submission_write_size_count"] < 48
+
+
+class _Counting(httpx.HTTPTransport):
+    """The real transport, keeping each request it sends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request)
+        return super().handle_request(request)
+
+
+class _AsyncCounting(httpx.AsyncHTTPTransport):
+    """The same, for AsyncClient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[httpx.Request] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request)
+        return await super().handle_async_request(request)
+
+
+def _long_polls(sent: list[httpx.Request], execution_id: str) -> list[float]:
+    """The seconds each GET of the execution asked the server to wait (?wait=)."""
+    return [float(r.url.params["wait"].removesuffix("s")) for r in sent
+            if r.method == "GET" and r.url.path == f"/v1/executions/{execution_id}"]
+
+
+def test_a_wait_is_one_long_poll_answered_when_the_execution_ends(live: Server) -> None:
+    """Client.wait asks the server to hold its request (?wait=) and is answered as the
+    execution ends, a second later: one request, not a loop of them."""
+    counting = _Counting()
+    with Client(live.url, timeout=5) as sender, \
+            Client(live.url, timeout=5, transport=counting) as client:
+        held = sender.submit(HOLD)
+        timer = threading.Timer(1.0, sender.send, (held.id, "go", "now"))
+        started = time.monotonic()
+        timer.start()
+        try:
+            ended = client.wait(held.id, timeout=30)
+        finally:
+            timer.join()
+        assert ended.result == "now"
+        assert time.monotonic() - started >= 0.9
+    (asked,) = _long_polls(counting.sent, held.id)
+    assert 25 < asked <= 30
+
+
+async def test_the_async_clients_wait_is_one_long_poll_too(live: Server) -> None:
+    counting = _AsyncCounting()
+    async with AsyncClient(live.url, timeout=5) as sender, \
+            AsyncClient(live.url, timeout=5, transport=counting) as client:
+        held = await sender.submit(HOLD)
+
+        async def later() -> None:
+            await asyncio.sleep(1.0)
+            await sender.send(held.id, "go", "now")
+
+        started = time.monotonic()
+        ended, _ = await asyncio.gather(client.wait(held.id, timeout=30), later())
+        assert ended.result == "now"
+        assert time.monotonic() - started >= 0.9
+    (asked,) = _long_polls(counting.sent, held.id)
+    assert 25 < asked <= 30
+
+
+def _read_only_token(database_url: str, tmp_path: Path) -> str:
+    """A token of scope executions:read, made by `veracity token create`."""
+    env = server_env(database_url, free_port())
+    done = subprocess.run(
+        [VERACITY, "token", "create", "--name", "reader", "--scope", "executions:read"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+async def test_the_async_clients_batches_and_typed_errors(
+    live: Server, database_url: str, tmp_path: Path
+) -> None:
+    """As the blocking client's (test_batches_and_typed_errors), and the limits of a batch
+    through the client: more than 1,000 items, a body over the payload limit (the server's
+    default 1 MiB); each refused whole, nothing written."""
+    async with AsyncClient(live.url, timeout=10) as client:
+        first = await client.submit_many([
+            Submission(ECHO, [1], idempotency_key="a"),
+            Submission(ECHO, [2]),
+            {"ffqn": ECHO, "params": [1], "idempotency_key": "a"},
+        ])
+        assert first[0].id == first[2].id != first[1].id
+        again = await client.submit_many([Submission(ECHO, [1], idempotency_key="a"),
+                                          Submission(ECHO, [3], idempotency_key="b")])
+        assert again[0].id == first[0].id and again[1].params == [3]
+        written = {e.id async for e in client.list()}
+        assert len(written) == 3
+        with pytest.raises(InvalidRequest) as bad:
+            await client.submit_many([Submission(ECHO, [4]), Submission("t:client/none.run"),
+                                      Submission(ECHO, [])])
+        assert (bad.value.status, bad.value.code) == (422, "invalid_batch")
+        assert [(i["index"], i["code"]) for i in bad.value.details["items"]] == [
+            (1, "unknown_workflow"), (2, "invalid_params")]
+        with pytest.raises(ConflictError) as conflict:
+            await client.submit_many([Submission(ECHO, [5]),
+                                      Submission(ECHO, ["other"], idempotency_key="a")])
+        assert (conflict.value.status, conflict.value.code) == (409, "idempotency_conflict")
+        with pytest.raises(PayloadTooLarge) as many:
+            await client.submit_many([Submission(ECHO, [i]) for i in range(1001)])
+        assert (many.value.status, many.value.code) == (413, "payload_too_large")
+        assert "1,000" in many.value.message
+        with pytest.raises(PayloadTooLarge) as big:  # some 1.2 MB
+            await client.submit_many([Submission(ECHO, ["x" * 6000]) for _ in range(200)])
+        assert (big.value.status, big.value.code) == (413, "payload_too_large")
+        assert {e.id async for e in client.list()} == written  # nothing of any was written
+        # typed errors, each with the API's code
+        with pytest.raises(NotFoundError) as missing:
+            await client.get(str(uuid.uuid4()))
+        assert (missing.value.status, missing.value.code) == (404, "not_found")
+        with pytest.raises(InvalidRequest) as wrong:
+            await client.submit(ECHO)
+        assert wrong.value.code == "invalid_params" and "missing value" in wrong.value.message
+        assert (await client.wait(first[1].id, timeout=20)).status == "completed"
+        with pytest.raises(ConflictError) as state:
+            await client.pause(first[1].id)
+        assert state.value.code == "wrong_state"
+        with pytest.raises(InvalidRequest) as bad_id:
+            await client.get("not-an-id")
+        assert bad_id.value.code == "invalid_id"
+    # a token without the route's scope: Forbidden, naming the scope
+    token = _read_only_token(database_url, tmp_path)
+    async with AsyncClient(live.url, token=token) as reader:
+        assert (await reader.get(first[0].id)).id == first[0].id
+        with pytest.raises(Forbidden) as refused:
+            await reader.submit(ECHO, 1)
+        assert (refused.value.status, refused.value.code) == (403, "forbidden")
+        assert "executions:submit" in refused.value.message
+    with Client(live.url, token=token) as blocking, pytest.raises(Forbidden):
+        blocking.cancel(first[0].id)
 
 
 # -- a server that is down ----------------------------------------------------------------------
