@@ -117,6 +117,27 @@ def shown(name: str, signature: inspect.Signature) -> str:
     return f"{name}({', '.join(parts)})"
 
 
+def test_the_methods_shown_are_the_real_ones() -> None:
+    """The table "Methods": every public method of Client and of AsyncClient (but closing
+    one), each with its real parameters and defaults, ``id`` standing for
+    ``execution_id`` as the table says."""
+    section = GUIDE.read_text().split("\n## Methods\n", 1)[1].split("\n## ", 1)[0]
+    assert "`id` stands for the parameter `execution_id`" in section
+    first_cells = [row.split(" | ")[0] for row in section.splitlines()
+                   if row.startswith("| `")]
+    listed = re.findall(r"`(\w+)(\(.*?\))`", " ".join(first_cells))
+    assert len(listed) == 12
+    for cls, closing in ((veracity.Client, "close"), (veracity.AsyncClient, "aclose")):
+        public = {m for m in dir(cls) if not m.startswith("_")} - {closing}
+        assert sorted(name for name, _ in listed) == sorted(public), cls
+        for name, params in listed:
+            signature = inspect.signature(getattr(cls, name))
+            real = signature.replace(parameters=[
+                p.replace(name="id") if p.name == "execution_id" else p
+                for p in list(signature.parameters.values())[1:]])  # not self
+            assert name + params == shown(name, real), (cls, name)
+
+
 def test_the_constructors_shown_are_the_real_ones() -> None:
     text = GUIDE.read_text()
     found = re.findall(r"```text\n(\w+)(\(.*\))\n```\n\n((?:(?:- |  ).*\n)+)", text)
