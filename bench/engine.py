@@ -70,29 +70,45 @@ LOOP = frozenset({"execution_claim", "execution_wake_due", "lease_renew", "worke
                   "worker_stop"})
 
 
-async def _count_statements(url: str, n_steps: int) -> int:
+async def statements_of_a_run(url: str, n_steps: int) -> list[str]:
+    """The names of the statements the store sends for one run of an ``n_steps``-step
+    workflow by an in-process worker (the loop's claims, timer sweeps, heartbeats and
+    registration left out), in order. Each is one statement on its own connection in
+    autocommit: one round trip. A multi-statement transaction (``_op``: BEGIN, its
+    statements, COMMIT) is named ``transaction: `` and the store method it is made by."""
     store = await open_store(url)
-    counted = 0
+    names: list[str] = []
     original_fetchall = pg_store.PostgresStore._fetchall
+    original_op = pg_store.PostgresStore._op
 
-    async def counting(self: Any, name: str, params: Any, *rows: Any) -> Any:
-        nonlocal counted
+    async def counting(self: Any, name: str, params: Any, *rows: Any, **kw: Any) -> Any:
         if name not in LOOP:
-            counted += 1
-        return await original_fetchall(self, name, params, *rows)
+            names.append(name if kw.get("planning") is None else f"transaction: {name}")
+        return await original_fetchall(self, name, params, *rows, **kw)
 
-    pg_store.PostgresStore._fetchall = counting  # type: ignore[method-assign,assignment]
+    async def counting_op(self: Any, factory: Any, **kw: Any) -> Any:
+        made_by = str(getattr(factory, "__qualname__", factory))  # the store method's
+        if not any(name in made_by.split(".") for name in LOOP):
+            names.append(f"transaction: {made_by}")
+        return await original_op(self, factory, **kw)
+
+    pg_store.PostgresStore._fetchall = counting  # type: ignore[method-assign]
+    pg_store.PostgresStore._op = counting_op  # type: ignore[method-assign]
     try:
         sub = await store.execution_submit(NewExecution(
             ffqn="bench:roundtrips/steps.run", params=[n_steps], deployment_id="bench",
             id=new_execution_id()))
-        counted = 0
-        worker = Worker(store, app, settings=WorkerSettings(
+        names.clear()
+        # the deployment the execution was submitted to: a worker claims only its own
+        worker = Worker(store, app, deployment_id="bench", settings=WorkerSettings(
             concurrency=1, lease_ttl=60, poll_interval=0.05, notifications=False))
         task = asyncio.create_task(worker.run())
         # poll on a connection of its own, so that only the worker's statements are counted
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as poll:
+            deadline = asyncio.get_running_loop().time() + 60
             while True:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise RuntimeError("the worker did not complete the execution in 60 s")
                 cur = await poll.execute(
                     "SELECT status FROM veracity_executions WHERE id = %s", [sub.execution.id])
                 row = await cur.fetchone()
@@ -103,9 +119,10 @@ async def _count_statements(url: str, n_steps: int) -> int:
         worker.stop()
         await task
         assert during == 1
-        return counted
+        return names
     finally:
         pg_store.PostgresStore._fetchall = original_fetchall  # type: ignore[method-assign]
+        pg_store.PostgresStore._op = original_op  # type: ignore[method-assign]
         await store.close()
 
 
@@ -115,9 +132,11 @@ def round_trips_per_step() -> tuple[float, int, int]:
     left out); every one of them is a single round trip."""
     with scratch_pg_database() as url:
         asyncio.run(migrate(url))
-        one = asyncio.run(_count_statements(url, 1))
-        eleven = asyncio.run(_count_statements(url, 11))
-    return (eleven - one) / 10, one, eleven
+        one = asyncio.run(statements_of_a_run(url, 1))
+        eleven = asyncio.run(statements_of_a_run(url, 11))
+    if any(n.startswith("transaction") for n in one + eleven):  # BEGIN, ..., COMMIT
+        raise RuntimeError(f"a run used a multi-statement transaction: {one}, {eleven}")
+    return (len(eleven) - len(one)) / 10, len(one), len(eleven)
 
 
 def main(argv: list[str] | None = None) -> None:
