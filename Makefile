@@ -38,7 +38,7 @@ lint: $(STAMP) ## ruff and mypy --strict
 # waiting (on PostgreSQL, on the processes it started, on a lease to expire), so the cores
 # stay busy; more would starve the worker processes the tests start, whose leases last 1.5 s
 # (README: Tests). The benchmarks clear it too: they time processes as an installed system
-# runs them, with bytecode cached (bench/README.md).
+# runs them, with bytecode cached (bench/journal.md).
 TEST_PROCESSES ?= $(shell $(PYTHON) -c 'import os; print(max(2, 2 * len(os.sched_getaffinity(0))))')
 # mypy (about 25 s of one core from a fresh clone) runs beside the tests, at a lower priority
 # than theirs, its output shown after theirs; the target fails if either fails.

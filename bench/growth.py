@@ -19,7 +19,7 @@ ended over the last 40 days, then VACUUM ANALYZE. At each size:
   (``/proc/PID/stat``; its start-up left out). A rate moves with the machine's speed from
   minute to minute; the database's CPU an execution is what says whether a claim costs
   more on a larger table. Median of ``--runs`` runs (default 4: a drain of 5,000 lasts
-  half a second on a fast machine, and two were not enough; bench/README.md, Growth), each
+  half a second on a fast machine, and two were not enough; bench/journal.md, Growth), each
   beside a run on the empty database, alternating (``interleaved_claims``), so that the
   ratios compare runs of the same minutes.
 - list pages: each filter ``GET /v1/executions`` offers, and a few combinations (a status
@@ -215,7 +215,7 @@ def _checkpoint(url: str) -> None:
     server then checkpoints back to back for a while (its log: "checkpoints are occurring
     too frequently"): a run measured in that wake pays for the fill's checkpoints (their
     writes, a full-page image in the WAL for every page it touches first after each one)
-    and measures the loading, not the table's size (bench/README.md, Growth)."""
+    and measures the loading, not the table's size (bench/journal.md, Growth)."""
     with psycopg.connect(url, autocommit=True) as conn:
         try:
             conn.execute("CHECKPOINT")

@@ -76,7 +76,7 @@ def insert_noops(url: str, n: int, ffqn: str = "bench:noop/run.fn",
     """Bulk-insert n pending executions of ``ffqn`` (and their creation events) in one
     statement, due ``ago`` seconds ago. Their ids are made as Veracity makes them
     (time-ordered, veracity/_ids.py): random ones would land all over the primary keys of
-    a large table, a cost Veracity's own submissions do not have (bench/README.md,
+    a large table, a cost Veracity's own submissions do not have (bench/journal.md,
     Growth)."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(

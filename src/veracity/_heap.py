@@ -11,7 +11,7 @@ Once started, a ``veracity worker`` or ``veracity server`` calls :func:`settle`:
   worker keeps hundreds of executions in flight, each with its task, futures and
   records; their allocations and frees kept the allocation count near 700 and started a
   collection about every 20 executions: 22 to 27 % of the worker's CPU, and pauses of up
-  to 38 ms, in drains of 30,000 no-ops (bench/README.md). Garbage in reference cycles
+  to 38 ms, in drains of 30,000 no-ops (bench/journal.md). Garbage in reference cycles
   is still collected, later: large objects kept in cycles can hold more memory until
   then (docs/operations.md says when to lower the setting).
 

@@ -479,7 +479,7 @@ class _Lanes:
     PostgreSQL, 2,000 submissions by 16 tasks at once, six runs each, 2026-12-02): the
     client's CPU per call 1.48 to 1.60 ms with one httpx client, 0.64 to 0.75 ms with a
     client per connection; 603 to 657 against 1,061 to 1,305 submissions/s
-    (bench/README.md, "The Python client's connections")."""
+    (bench/journal.md, "The Python client's connections")."""
 
     def __init__(self, make: Callable[[], httpx.AsyncClient], limit: int) -> None:
         import asyncio  # here: a script that only uses the blocking Client does not load it

@@ -57,7 +57,7 @@ def _client_execution(execution: Execution, waiting_reason: str | None = None
     """The execution as the API would answer it: ``raw`` is the API's JSON, and the fields
     are what :meth:`ClientExecution.of` would read from it, its times taken from the
     execution itself instead of parsed back from that JSON (that took a sixth of the
-    client's CPU with 16 callers at once: bench/README.md, "Single submissions and
+    client's CPU with 16 callers at once: bench/journal.md, "Single submissions and
     start-up")."""
     data = to_jsonable_python(ExecutionOut.plain(execution))
     data["waiting_reason"] = waiting_reason

@@ -11,7 +11,7 @@ answers each caller once that transaction has committed:
 - a submission that finds nothing being written and nothing waiting is written at once,
   alone (by ``execution_submit``), by its caller itself: one caller at a time waits for
   nothing it would not wait for anyway, and pays no hand-off to a task (measured: some
-  50 µs of the caller's CPU per submission; bench/README.md, "Single submissions and
+  50 µs of the caller's CPU per submission; bench/journal.md, "Single submissions and
   start-up"). Cancelling that caller cancels its write, as for any other statement; a
   caller that gives up while its submission waits for, or is carried by, a group's write
   does not stop that write;

@@ -329,7 +329,7 @@ def run_server(settings: Settings, *, with_worker: bool | None = None) -> int:
         return 1
     try:
         # uvloop (uvicorn[standard] brings it), as `veracity worker` runs: the same
-        # asyncio, its loop in C; some 5 % more submissions/s here (bench/README.md)
+        # asyncio, its loop in C; some 5 % more submissions/s here (bench/journal.md)
         return uvloop.run(serve(settings, with_worker=with_worker, socks=socks))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         print("interrupted", file=sys.stderr)

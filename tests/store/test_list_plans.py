@@ -281,7 +281,7 @@ def test_a_claim_reads_its_batch_not_every_pending_row(filled: str, plans: str) 
     primary key. When its WHERE repeated the status guard on the updated table, the
     planner could prove the partial indexes' predicates from it and, believing them
     nearly empty, joined through one: every pending row read on every claim (the growth
-    benchmark's claims at 1M, bench/README.md)."""
+    benchmark's claims at 1M, bench/journal.md)."""
     from datetime import timedelta
 
     with psycopg.connect(filled, prepare_threshold=None) as conn:
@@ -347,7 +347,7 @@ def _claimed(node: dict[str, Any]) -> int:
 def test_the_stores_connections_do_not_jit(filled: str) -> None:
     """The planner turns JIT on by cost estimate alone; on a large table a list page that
     reads a few pages was estimated above jit_above_cost and spent some 240 ms compiling
-    (the FFQN-prefix filter at 10M rows, bench/README.md, Growth). The store's
+    (the FFQN-prefix filter at 10M rows, bench/journal.md, Growth). The store's
     connections run without it."""
     from tests.conftest import run_async
     from veracity.store import open_store

@@ -3,7 +3,7 @@ declared as a model parameter.
 
 FastAPI reads a declared body, then solves the route's dependencies and validates the
 body as one of them: on ``POST /v1/executions``, the API's busiest route, that machinery
-was about a tenth of the server's CPU a submission (bench/README.md, "Single and batch
+was about a tenth of the server's CPU a submission (bench/journal.md, "Single and batch
 submissions through the API"). :func:`read_body` does the same steps without it: the same parser
 (``json.loads`` of the bytes, as Starlette's ``Request.json``), the same validation
 (``from_attributes``, as FastAPI's), and the same errors, raised as FastAPI raises them so
@@ -85,7 +85,7 @@ class PlainRoute(APIRoute):
     the app's exception handlers still answer what it raises), without FastAPI's request
     handler around it (its exit stacks, its solving of the endpoint's parameters, its
     response model). For an endpoint that reads its body with :func:`read_body` and writes
-    its own answer: ``POST /v1/executions`` (bench/README.md, "Single and batch
+    its own answer: ``POST /v1/executions`` (bench/journal.md, "Single and batch
     submissions through the API")."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:

@@ -132,7 +132,7 @@ async def run_worker(settings: Settings) -> int:
     engines = build_engines(external)
     try:
         # metrics are counted where they are served: a worker without worker.metrics_port
-        # never loads the Prometheus client (some 20 ms of its start; bench/README.md)
+        # never loads the Prometheus client (some 20 ms of its start; bench/journal.md)
         telemetry: Telemetry | None = None
         if settings.worker.metrics_port is not None:
             from veracity.telemetry import Telemetry

@@ -75,7 +75,7 @@ def _brief(query: str) -> str:
     """The worker's batched exits answer only what its metrics need (``Exit``): the same
     statement, its last SELECT naming five columns instead of the whole row (a batch of
     128 completions measured at 6.59 ms instead of 8.97, of which the worker's CPU 0.99
-    ms instead of 2.77: bench/README.md)."""
+    ms instead of 2.77: bench/journal.md)."""
     whole = "SELECT *, (CASE WHEN status IN"
     if query.count(whole) != 1:
         raise RuntimeError("execution_leave_many_if_owned no longer ends as _brief expects")
@@ -381,7 +381,7 @@ class PostgresStore(SharedMethods):
             # milliseconds. The planner turns it on by its cost estimate alone, which on a
             # large table exceeds jit_above_cost for plans that read next to nothing (the
             # list's FFQN-prefix probe at 10M rows: 237 ms, nearly all of it compiling;
-            # bench/README.md, Growth).
+            # bench/journal.md, Growth).
             await conn.execute("SET jit = off")
             if generic_plans:
                 # A worker's statements (claims, lease renewals, completions, checkpoints)
